@@ -1,0 +1,112 @@
+"""Voice bundles on disk: the manifest, and checking every file against it.
+
+A bundle is a directory holding `manifest.json` and the graph files it lists. The manifest
+records each file's sha256 and size; a bundle whose files do not match is refused at load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from .errors import BundleError
+
+MANIFEST_NAME = "manifest.json"
+FORMAT_VERSION = 1
+
+Precision = Literal["fp32", "int8"]
+Graph = Literal["front", "back"]
+
+
+@dataclass(frozen=True)
+class Streaming:
+    """How the back graph is run over latent frames (one frame = hop_length samples)."""
+
+    first_window: int = 32
+    """Frames decoded in the first window; later windows double up to `max_window`."""
+    max_window: int = 256
+    context: int = 32
+    """Frames of context decoded on each side of a window and trimmed afterwards."""
+    fixed_window: int = 64
+    """Window of the fixed-shape mode (input is always fixed_window + 2 * context frames)."""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    voice_id: str
+    version: str
+    sample_rate: int
+    """Output sample rate in Hz."""
+    hop_length: int
+    """Audio samples per latent frame."""
+    espeak_voice: str
+    phoneme_id_map: dict[str, list[int]]
+    inference: dict[str, float]
+    """Default noise_scale, length_scale and noise_w of the voice."""
+    graphs: dict[str, dict[str, str]]
+    """graphs[precision][front|back] -> file name of the ONNX graph."""
+    files: dict[str, dict[str, Any]]
+    """file name -> {"sha256": hex, "size": bytes} for every file of the bundle."""
+    streaming: Streaming = field(default_factory=Streaming)
+    default_precision: str = "fp32"
+    report: dict[str, Any] = field(default_factory=dict)
+    """Quality and speed figures measured by the builder."""
+    build: dict[str, str] = field(default_factory=dict)
+    """What the bundle was built from: digests of the source voice and of the builder's code."""
+
+    def to_json(self) -> str:
+        data = {"format": FORMAT_VERSION, **self.__dict__, "streaming": self.streaming.__dict__}
+        return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        if data.get("format") != FORMAT_VERSION:
+            raise BundleError(f"unsupported bundle format {data.get('format')!r}")
+        fields = {k: v for k, v in data.items() if k != "format"}
+        try:
+            fields["streaming"] = Streaming(**fields.get("streaming", {}))
+            return cls(**fields)
+        except TypeError as exc:
+            raise BundleError(f"malformed manifest: {exc}") from None
+
+
+def file_digest(path: Path) -> dict[str, Any]:
+    """sha256 and size of one file, read in blocks so large weight files stay out of memory."""
+    digest = hashlib.sha256()
+    size = 0
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+            size += len(block)
+    return {"sha256": digest.hexdigest(), "size": size}
+
+
+def read_manifest(bundle_dir: Path) -> Manifest:
+    path = bundle_dir / MANIFEST_NAME
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BundleError(f"{bundle_dir}: no {MANIFEST_NAME}, not a voice bundle") from None
+    except (OSError, ValueError) as exc:
+        raise BundleError(f"{path}: unreadable manifest: {exc}") from None
+    if not isinstance(data, dict):
+        raise BundleError(f"{path}: manifest is not a JSON object")
+    return Manifest.from_dict(data)
+
+
+def verify_files(bundle_dir: Path, manifest: Manifest, names: list[str] | None = None) -> None:
+    """Check size and sha256 of the named files (all by default); raise BundleError on a mismatch."""
+    for name in names if names is not None else sorted(manifest.files):
+        expected = manifest.files.get(name)
+        if expected is None:
+            raise BundleError(f"{bundle_dir}: {name} is not listed in the manifest")
+        path = bundle_dir / name
+        if not path.is_file():
+            raise BundleError(f"{bundle_dir}: missing file {name}")
+        if path.stat().st_size != expected["size"]:
+            raise BundleError(f"{bundle_dir}: {name} has the wrong size (damaged or tampered)")
+        if file_digest(path)["sha256"] != expected["sha256"]:
+            raise BundleError(f"{bundle_dir}: {name} fails its sha256 check (damaged or tampered)")

@@ -1,0 +1,94 @@
+"""The `edged` command: `edged serve` runs the daemon, `edged synth` speaks without one."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from .errors import BadInput, EdgedError
+
+
+def _synth(args: argparse.Namespace) -> int:
+    from .engine import EngineSettings, SynthesisParams, Voice
+    from .voices import find_bundle
+    from .wav import wav_header
+
+    text = _read_text(args.text)
+    params = SynthesisParams(speed=args.speed)
+    voice = Voice.load(find_bundle(args.voice), EngineSettings(precision=args.precision))
+    chunks = voice.synthesize(text, params)
+    if args.raw:
+        out = sys.stdout.buffer
+        for pcm in chunks:
+            out.write(pcm)
+            out.flush()
+        return 0
+    if args.output is None:
+        raise BadInput("give -o FILE.wav, or --raw for PCM on stdout")
+    data_bytes = 0
+    with open(args.output, "wb") as wav:
+        wav.write(wav_header(voice.sample_rate, 0))
+        for pcm in chunks:
+            wav.write(pcm)
+            data_bytes += len(pcm)
+        wav.seek(0)
+        wav.write(wav_header(voice.sample_rate, data_bytes))
+    return 0
+
+
+def _read_text(arg: str) -> str:
+    if arg != "-":
+        return arg
+    try:
+        return sys.stdin.buffer.read().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"stdin is not valid UTF-8 (byte {exc.start})") from None
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .server import serve
+
+    return serve(config_file=args.config, socket_path=args.socket)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .voices import DEFAULT_VOICE
+
+    parser = argparse.ArgumentParser(prog="edged", description="Streaming text-to-speech daemon.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    commands = parser.add_subparsers(dest="command")
+
+    serve = commands.add_parser("serve", help="run the daemon (the default)")
+    serve.add_argument("--config", type=Path, help="TOML configuration file")
+    serve.add_argument("--socket", type=Path, help="Unix socket path to listen on")
+    serve.set_defaults(run=_serve)
+
+    synth = commands.add_parser("synth", help="synthesize in this process, without a daemon")
+    synth.add_argument("text", help="text to speak, or - to read it from stdin")
+    synth.add_argument("-o", "--output", type=Path, help="WAV file to write")
+    synth.add_argument("--raw", action="store_true", help="16-bit PCM to stdout as it is produced")
+    synth.add_argument("--voice", default=DEFAULT_VOICE, help="voice id or bundle directory")
+    synth.add_argument("--precision", choices=["fp32", "int8"], help="default: the bundle's choice")
+    synth.add_argument("--speed", type=float, default=1.0, help="speaking rate (2.0 = twice as fast)")
+    synth.set_defaults(run=_synth)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if args.command is None:
+        args = parser.parse_args(["serve", *(argv if argv is not None else sys.argv[1:])])
+    try:
+        return int(args.run(args))
+    except EdgedError as exc:
+        print(f"edged: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,179 @@
+"""A loaded voice and its data path: text -> phoneme ids -> front -> back windows -> PCM chunks.
+
+    voice = Voice.load(bundle_dir)
+    for pcm in voice.synthesize("Hello there."):   # 16-bit mono PCM bytes, as produced
+        ...
+
+Each step is also public (`pieces`, `front`, `windows`, `decode`) so that the daemon can run them as
+separate pipeline stages with their own concurrency limits.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .bundle import Manifest, Precision, read_manifest, verify_files
+from .errors import BadInput, BundleError
+from .phonemes import PieceLimits, pieces_ids
+from .sessions import SessionSettings, open_session
+from .windows import Window, fixed_windows, growing_windows
+
+log = logging.getLogger(__name__)
+
+LATENT_CHANNELS = 192
+_INT16_MAX = 32767.0
+
+
+@dataclass(frozen=True)
+class SynthesisParams:
+    """Per-call overrides; None takes the voice's own default."""
+
+    speed: float = 1.0
+    """Speaking rate; 2.0 is twice as fast (length_scale = voice default / speed)."""
+    noise_scale: float | None = None
+    noise_w: float | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.25 <= self.speed <= 4.0:
+            raise BadInput("speed must be between 0.25 and 4.0")
+        for name in ("noise_scale", "noise_w"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= 2.0:
+                raise BadInput(f"{name} must be between 0 and 2")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    precision: Precision | None = None
+    """None takes the bundle's recorded default (chosen by measurement at build time)."""
+    fixed_shape: bool = False
+    """Run the back graph at one input shape only, as an NPU needs."""
+    pieces: PieceLimits = field(default_factory=PieceLimits)
+    sessions: SessionSettings = field(default_factory=SessionSettings)
+    verify: bool = True
+    """Check every graph file's sha256 against the manifest before loading it."""
+
+
+@dataclass
+class Latents:
+    """Front output for one piece: latent frames (1 x 192 x frames) and their mask (1 x 1 x frames)."""
+
+    frames: np.ndarray
+    mask: np.ndarray
+
+    @property
+    def n_frames(self) -> int:
+        return int(self.frames.shape[2])
+
+
+class Voice:
+    def __init__(self, bundle_dir: Path, manifest: Manifest, settings: EngineSettings) -> None:
+        self.bundle_dir = bundle_dir
+        self.manifest = manifest
+        self.settings = settings
+        self.precision: str = settings.precision or manifest.default_precision
+        graphs = manifest.graphs.get(self.precision)
+        if graphs is None:
+            raise BundleError(f"{bundle_dir}: bundle has no {self.precision} graphs")
+        if settings.verify:
+            verify_files(bundle_dir, manifest, _with_data_files(manifest, graphs.values()))
+        started = time.perf_counter()
+        self._front, front_provider = open_session(bundle_dir / graphs["front"], settings.sessions)
+        self._back, back_provider = open_session(bundle_dir / graphs["back"], settings.sessions)
+        self.providers = {"front": front_provider, "back": back_provider}
+        self.load_ms = (time.perf_counter() - started) * 1000
+        log.info("voice %s %s (%s) loaded in %.0f ms, providers %s", manifest.voice_id,
+                 manifest.version, self.precision, self.load_ms, self.providers)
+
+    @classmethod
+    def load(cls, bundle_dir: Path, settings: EngineSettings | None = None) -> Voice:
+        return cls(bundle_dir, read_manifest(bundle_dir), settings or EngineSettings())
+
+    @property
+    def voice_id(self) -> str:
+        return self.manifest.voice_id
+
+    @property
+    def sample_rate(self) -> int:
+        return self.manifest.sample_rate
+
+    # -- the data path, top to bottom --------------------------------------------------------
+
+    def pieces(self, text: str) -> Iterator[list[int]]:
+        """Phoneme ids of each piece to run through the front graph, produced lazily."""
+        manifest = self.manifest
+        return pieces_ids(text, manifest.espeak_voice, manifest.phoneme_id_map, self.settings.pieces)
+
+    def front(self, ids: list[int], params: SynthesisParams) -> Latents:
+        defaults = self.manifest.inference
+        scales = np.array(
+            [
+                _default(params.noise_scale, defaults["noise_scale"]),
+                defaults["length_scale"] / params.speed,
+                _default(params.noise_w, defaults["noise_w"]),
+            ],
+            dtype=np.float32,
+        )
+        frames, mask = self._front.run(
+            None,
+            {
+                "input": np.array([ids], dtype=np.int64),
+                "input_lengths": np.array([len(ids)], dtype=np.int64),
+                "scales": scales,
+            },
+        )
+        return Latents(frames, mask)
+
+    def windows(self, latents: Latents) -> list[Window]:
+        streaming = self.manifest.streaming
+        if self.settings.fixed_shape:
+            return fixed_windows(latents.n_frames, streaming.fixed_window, streaming.context)
+        return growing_windows(
+            latents.n_frames, streaming.first_window, streaming.max_window, streaming.context
+        )
+
+    def decode_float(self, latents: Latents, window: Window) -> np.ndarray:
+        """Audio samples in [-1, 1] for the frames the window keeps."""
+        frames = latents.frames[:, :, window.in_start : window.in_end]
+        mask = latents.mask[:, :, window.in_start : window.in_end]
+        if window.pad:
+            frames = np.pad(frames, ((0, 0), (0, 0), (0, window.pad)))
+            mask = np.pad(mask, ((0, 0), (0, 0), (0, window.pad)))
+        audio = self._back.run(None, {"latents": frames, "frame_mask": mask})[0].reshape(-1)
+        hop = self.manifest.hop_length
+        return audio[(window.keep_start - window.in_start) * hop : (window.keep_end - window.in_start) * hop]
+
+    def decode(self, latents: Latents, window: Window) -> bytes:
+        """16-bit little-endian mono PCM for the frames the window keeps."""
+        return to_pcm16(self.decode_float(latents, window))
+
+    def synthesize(self, text: str, params: SynthesisParams | None = None) -> Iterator[bytes]:
+        params = params or SynthesisParams()
+        for ids in self.pieces(text):
+            latents = self.front(ids, params)
+            for window in self.windows(latents):
+                yield self.decode(latents, window)
+
+
+def to_pcm16(audio: np.ndarray) -> bytes:
+    return (np.clip(audio, -1.0, 1.0) * _INT16_MAX).astype("<i2").tobytes()
+
+
+def _default(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+def _with_data_files(manifest: Manifest, graph_names: object) -> list[str]:
+    """The graph files and the external-data files that belong to them."""
+    names = []
+    for graph in graph_names:  # type: ignore[attr-defined]
+        names.append(graph)
+        if graph + ".data" in manifest.files:
+            names.append(graph + ".data")
+    return names

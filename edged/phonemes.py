@@ -1,0 +1,108 @@
+"""Text -> sentences -> phoneme ids, exactly as Piper makes them (its espeak-ng bridge and id map).
+
+Long text is phonemized a block at a time, so the first sentence is ready at once and memory does
+not grow with the text. Long sentences are cut at clause boundaries into *pieces*, each run through
+the front graph on its own: the VITS text encoder attends over its whole input, so its cost grows
+with input length and no exact streaming of it is possible; cutting at a comma is where a speaker
+would pause anyway. Sentences no longer than `first_piece_max` are never cut, which keeps their ids
+identical to Piper's.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from piper.phoneme_ids import phonemes_to_ids
+from piper.phonemize_espeak import EspeakPhonemizer
+
+from .errors import BadInput
+
+# espeak-ng keeps global state: one bridge per process, one caller at a time.
+_ESPEAK_LOCK = threading.Lock()
+_espeak: EspeakPhonemizer | None = None
+
+_BLOCK_CHARS = 2000
+"""Text is phonemized in blocks of about this many characters (espeak: ~2 ms per 1,000)."""
+_SENTENCE_END = re.compile(r"[.!?]['\")\]]*\s+")
+_CLAUSE_END = {",", ";", ":"}
+
+
+@dataclass(frozen=True)
+class PieceLimits:
+    """Longest runs of phonemes given to the front graph at once (0 = never cut)."""
+
+    first_piece_max: int = 80
+    """First piece of a sentence: small, since time to first audio waits for it."""
+    piece_max: int = 240
+    """Later pieces: the front runs while earlier audio plays, so they can be longer."""
+
+
+def _phonemize_block(espeak_voice: str, block: str) -> list[list[str]]:
+    global _espeak
+    with _ESPEAK_LOCK:
+        if _espeak is None:
+            _espeak = EspeakPhonemizer()
+        return _espeak.phonemize(espeak_voice, block)
+
+
+def text_blocks(text: str, block_chars: int = _BLOCK_CHARS) -> Iterator[str]:
+    """Cut text after a sentence end near every `block_chars` characters (at a space if none)."""
+    start = 0
+    while len(text) - start > block_chars:
+        window = text[start : start + block_chars]
+        cut = 0
+        for match in _SENTENCE_END.finditer(window):
+            cut = match.end()
+        if cut == 0:
+            cut = window.rfind(" ") + 1 or block_chars
+        yield text[start : start + cut]
+        start += cut
+    if start < len(text):
+        yield text[start:]
+
+
+def sentences(text: str, espeak_voice: str) -> Iterator[list[str]]:
+    """Phonemes of each sentence that has something to pronounce."""
+    if not text.strip():
+        raise BadInput("text is empty")
+    for block in text_blocks(text):
+        for phonemes in _phonemize_block(espeak_voice, block):
+            if any(p.isalpha() for p in phonemes):
+                yield phonemes
+
+
+def split_pieces(phonemes: list[str], limits: PieceLimits) -> list[list[str]]:
+    """Cut one sentence's phonemes at clause ends (else word ends) into pieces within the limits."""
+    pieces: list[list[str]] = []
+    rest = phonemes
+    limit = limits.first_piece_max
+    while limit and len(rest) > limit:
+        cut = _last_boundary(rest, limit)
+        pieces.append(rest[:cut])
+        rest = rest[cut:]
+        limit = limits.piece_max
+    pieces.append(rest)
+    return pieces
+
+
+def _last_boundary(phonemes: list[str], limit: int) -> int:
+    """Index just after the last clause end within `limit`, else the last space, else `limit`."""
+    last_space = 0
+    for i in range(min(limit, len(phonemes) - 1), 0, -1):
+        if phonemes[i] == " ":
+            if phonemes[i - 1] in _CLAUSE_END:
+                return i + 1
+            last_space = last_space or i + 1
+    return last_space or limit
+
+
+def pieces_ids(
+    text: str, espeak_voice: str, id_map: dict[str, list[int]], limits: PieceLimits
+) -> Iterator[list[int]]:
+    """Phoneme ids of every piece of every sentence, in order, produced lazily."""
+    for phonemes in sentences(text, espeak_voice):
+        for piece in split_pieces(phonemes, limits):
+            yield phonemes_to_ids(piece, id_map)

@@ -1,0 +1,50 @@
+"""onnxruntime sessions: options for a 2-core box, and execution providers with CPU fallback."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnxruntime as ort
+
+log = logging.getLogger(__name__)
+
+CPU = "CPUExecutionProvider"
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    threads: int = 2
+    """Intra-op threads per session; the box has 2 cores."""
+    providers: tuple[str, ...] = (CPU,)
+    """Execution providers to try, in order; CPU is always the last resort."""
+    optimize_at_load: bool = False
+    """Graphs are optimized when the bundle is built; re-optimizing at load copies weights to the heap."""
+
+
+def session_options(settings: SessionSettings) -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = settings.threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if not settings.optimize_at_load:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    return options
+
+
+def open_session(path: Path, settings: SessionSettings) -> tuple[ort.InferenceSession, str]:
+    """The first provider that onnxruntime offers and that can create the session, and its name."""
+    offered = set(ort.get_available_providers())
+    wanted = [p for p in settings.providers if p in offered and p != CPU] + [CPU]
+    for provider in wanted:
+        try:
+            session = ort.InferenceSession(str(path), session_options(settings), providers=[provider])
+        except Exception as exc:  # a provider that fails to create falls back to the next one
+            if provider == CPU:
+                raise
+            log.warning("provider %s failed for %s, falling back: %s", provider, path.name, exc)
+            continue
+        return session, provider
+    raise AssertionError("unreachable: CPU is always tried")

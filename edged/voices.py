@@ -1,0 +1,32 @@
+"""Finding a voice bundle by id or directory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .bundle import MANIFEST_NAME
+from .errors import UnknownVoice
+
+DEFAULT_VOICE = "en_US-joe-medium"
+
+
+def voice_dirs() -> list[Path]:
+    """Where bundles are looked up by id: $EDGED_VOICES (colon-separated), then the usual places."""
+    dirs = [Path(p) for p in os.environ.get("EDGED_VOICES", "").split(":") if p]
+    repo_models = Path(__file__).resolve().parent.parent / "models"
+    dirs += [repo_models, Path("/var/lib/edged/voices"), Path("/usr/share/edged/voices")]
+    return dirs
+
+
+def find_bundle(voice: str, search: list[Path] | None = None) -> Path:
+    """A bundle directory from a voice id (looked up in `search`) or a path to the bundle itself."""
+    as_path = Path(voice)
+    if (as_path / MANIFEST_NAME).is_file():
+        return as_path
+    if "/" not in voice and voice not in ("", ".", ".."):
+        for root in search if search is not None else voice_dirs():
+            candidate = root / voice
+            if (candidate / MANIFEST_NAME).is_file():
+                return candidate
+    raise UnknownVoice(f"unknown voice {voice!r}: no bundle with that id or directory")

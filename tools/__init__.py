@@ -1,0 +1,1 @@
+"""Build, measurement and evaluation tools for edged (not installed with the package)."""

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The README's two commands:
+#   bash tools/bootstrap.sh demo   install everything, build the default voice, speak a sentence
+#   bash tools/bootstrap.sh test   install everything, build the default voice, run the tests
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES="libsystemd-dev pkg-config libportaudio2 libasound2-plugins alsa-utils systemd"
+
+install_system() {
+    local missing=""
+    for pkg in $APT_PACKAGES; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing="$missing $pkg"
+    done
+    if [ -n "$missing" ]; then
+        local sudo=""
+        [ "$(id -u)" -eq 0 ] || sudo="sudo"
+        $sudo apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $missing
+    fi
+}
+
+install_python() {
+    [ -x .venv/bin/python ] || python3 -m venv .venv
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q -e '.[dev]'
+}
+
+build_voice() {
+    # Deterministic: rebuilt only when the builder or its source changed (manifest records both).
+    .venv/bin/python -m tools.build_voice --if-stale
+}
+
+install_system
+install_python
+build_voice
+
+case "${1:-demo}" in
+    demo)
+        exec .venv/bin/python -m tools.demo
+        ;;
+    test)
+        shift || true
+        exec .venv/bin/python -m pytest -q "$@"
+        ;;
+    *)
+        echo "usage: $0 demo|test" >&2
+        exit 2
+        ;;
+esac

