@@ -27,14 +27,20 @@ def _synth(args: argparse.Namespace) -> int:
         return 0
     if args.output is None:
         raise BadInput("give -o FILE.wav, or --raw for PCM on stdout")
-    data_bytes = 0
-    with open(args.output, "wb") as wav:
-        wav.write(wav_header(voice.sample_rate, 0))
-        for pcm in chunks:
-            wav.write(pcm)
-            data_bytes += len(pcm)
-        wav.seek(0)
-        wav.write(wav_header(voice.sample_rate, data_bytes))
+    # Written beside the target and renamed at the end: a failure leaves no half-written file.
+    partial = args.output.with_name(args.output.name + ".part")
+    try:
+        with open(partial, "wb") as wav:
+            wav.write(wav_header(voice.sample_rate, 0))
+            data_bytes = 0
+            for pcm in chunks:
+                wav.write(pcm)
+                data_bytes += len(pcm)
+            wav.seek(0)
+            wav.write(wav_header(voice.sample_rate, data_bytes))
+        partial.replace(args.output)
+    finally:
+        partial.unlink(missing_ok=True)
     return 0
 
 

@@ -1,0 +1,26 @@
+"""Shared fixtures: the real default voice bundle, built by tools.build_voice (bootstrap does it)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BUNDLE = REPO / "models" / "en_US-joe-medium"
+
+
+@pytest.fixture(scope="session")
+def bundle_dir() -> Path:
+    if not (BUNDLE / "manifest.json").is_file():
+        subprocess.run([sys.executable, "-m", "tools.build_voice", "--if-stale"], cwd=REPO, check=True)
+    return BUNDLE
+
+
+@pytest.fixture(scope="session")
+def voice(bundle_dir: Path):
+    from edged.engine import EngineSettings, Voice
+
+    return Voice.load(bundle_dir, EngineSettings(precision="fp32"))

@@ -1,0 +1,129 @@
+"""The engine on the real bundle: streaming, laziness, parameters and refusing bad bundles."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+import edged.phonemes
+from edged.bundle import read_manifest
+from edged.engine import EngineSettings, SynthesisParams, Voice
+from edged.errors import BadInput, BundleError, UnknownVoice
+from edged.voices import find_bundle
+
+MEDIUM = "The quick brown fox jumps over the lazy dog, then it runs far away into the forest."
+
+
+def _copy_bundle(bundle_dir: Path, target: Path) -> Path:
+    """A bundle of symlinks to the real files, cheap to copy; files to damage are copied for real."""
+    target.mkdir()
+    for item in bundle_dir.iterdir():
+        (target / item.name).symlink_to(item)
+    return target
+
+
+def _replace_with_copy(path: Path) -> None:
+    real = path.resolve()
+    path.unlink()
+    shutil.copyfile(real, path)
+
+
+def test_stream_yields_first_window_before_the_rest(voice: Voice) -> None:
+    chunks = list(voice.synthesize(MEDIUM))
+    streaming = voice.manifest.streaming
+    assert len(chunks) > 2
+    assert len(chunks[0]) == streaming.first_window * voice.manifest.hop_length * 2
+    assert sum(map(len, chunks)) / 2 / voice.sample_rate > 3.0
+
+
+def test_speed_changes_duration(voice: Voice) -> None:
+    params = SynthesisParams(noise_scale=0, noise_w=0)
+    normal = sum(map(len, voice.synthesize(MEDIUM, params)))
+    fast = sum(map(len, voice.synthesize(MEDIUM, SynthesisParams(speed=2.0, noise_scale=0, noise_w=0))))
+    # Durations are rounded up per phoneme, so twice as fast is a little over half as long.
+    assert 0.45 < fast / normal < 0.7
+
+
+def test_same_text_without_noise_is_deterministic(voice: Voice) -> None:
+    params = SynthesisParams(noise_scale=0, noise_w=0)
+    assert b"".join(voice.synthesize("Hello there.", params)) == b"".join(
+        voice.synthesize("Hello there.", params)
+    )
+
+
+@pytest.mark.parametrize("text", ["", "   \n"])
+def test_empty_text_is_a_bad_input(voice: Voice, text: str) -> None:
+    with pytest.raises(BadInput):
+        list(voice.synthesize(text))
+
+
+def test_punctuation_only_gives_empty_audio(voice: Voice) -> None:
+    assert list(voice.synthesize("?! ... ;")) == []
+
+
+@pytest.mark.parametrize("params", [{"speed": 0}, {"speed": 100}, {"noise_scale": -1}, {"noise_w": 9}])
+def test_out_of_range_parameters_are_refused(params: dict) -> None:
+    with pytest.raises(BadInput):
+        SynthesisParams(**params)
+
+
+def test_long_text_is_phonemized_lazily(voice: Voice, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocks: list[int] = []
+    real = edged.phonemes._phonemize_block
+
+    def counting(espeak_voice: str, block: str) -> list[list[str]]:
+        blocks.append(len(block))
+        return real(espeak_voice, block)
+
+    monkeypatch.setattr(edged.phonemes, "_phonemize_block", counting)
+    text = ("This sentence is one of very many in a long text. " * 2000)[:100_000]
+    stream = voice.synthesize(text)
+    first = next(stream)
+    stream.close()
+    assert first and len(blocks) == 1 and blocks[0] <= 2000
+
+
+def test_unknown_voice_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(UnknownVoice, match="no-such-voice"):
+        find_bundle("no-such-voice", [tmp_path])
+    with pytest.raises(UnknownVoice):
+        find_bundle(str(tmp_path / "missing-dir"))
+
+
+def test_voice_is_found_by_id_and_by_directory(bundle_dir: Path) -> None:
+    assert find_bundle(bundle_dir.name, [bundle_dir.parent]) == bundle_dir
+    assert find_bundle(str(bundle_dir)) == bundle_dir
+
+
+def test_tampered_graph_is_refused_at_load(bundle_dir: Path, tmp_path: Path) -> None:
+    copy = _copy_bundle(bundle_dir, tmp_path / "bundle")
+    graph = copy / read_manifest(bundle_dir).graphs["fp32"]["back"]
+    _replace_with_copy(graph)
+    data = bytearray(graph.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    graph.write_bytes(bytes(data))
+    with pytest.raises(BundleError, match="sha256"):
+        Voice.load(copy, EngineSettings(precision="fp32"))
+
+
+def test_truncated_weights_are_refused_at_load(bundle_dir: Path, tmp_path: Path) -> None:
+    copy = _copy_bundle(bundle_dir, tmp_path / "bundle")
+    weights = copy / (read_manifest(bundle_dir).graphs["fp32"]["front"] + ".data")
+    _replace_with_copy(weights)
+    with weights.open("r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(BundleError, match="wrong size"):
+        Voice.load(copy, EngineSettings(precision="fp32"))
+
+
+def test_missing_file_and_bad_manifest_are_refused(bundle_dir: Path, tmp_path: Path) -> None:
+    copy = _copy_bundle(bundle_dir, tmp_path / "bundle")
+    (copy / read_manifest(bundle_dir).graphs["fp32"]["back"]).unlink()
+    with pytest.raises(BundleError, match="missing file"):
+        Voice.load(copy, EngineSettings(precision="fp32"))
+    (copy / "manifest.json").unlink()
+    (copy / "manifest.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(BundleError, match="manifest"):
+        Voice.load(copy)

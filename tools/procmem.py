@@ -1,0 +1,56 @@
+"""Resident memory of a process, as the kernel counts it in /proc/<pid>/status.
+
+Anonymous memory (heap, arenas, copied weights) is what a box cannot get back under pressure;
+file pages (memory-mapped weights, shared libraries) are clean and reclaimable. Telling the two
+apart is the point of mapping weights from external-data files, so both are reported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+_FIELDS = {"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file", "RssShmem": "shmem", "VmHWM": "peak"}
+
+
+@dataclass(frozen=True)
+class MemoryFigures:
+    """Resident memory of one process at one moment, in MiB."""
+
+    rss: float
+    """All resident pages (anon + file + shmem)."""
+    anon: float
+    """Resident anonymous pages."""
+    file: float
+    """Resident file-backed pages (mapped weights and libraries)."""
+    shmem: float
+    peak: float
+    """Highest rss the process has had so far (VmHWM)."""
+
+    def as_dict(self) -> dict[str, float]:
+        return {name: round(value, 1) for name, value in asdict(self).items()}
+
+
+def read_memory(pid: int | str = "self") -> MemoryFigures:
+    """The figures of a live process; ProcessLookupError if it has gone."""
+    try:
+        text = (Path("/proc") / str(pid) / "status").read_text()
+    except FileNotFoundError:
+        raise ProcessLookupError(f"no process {pid}") from None
+    return parse_status(text)
+
+
+def parse_status(text: str) -> MemoryFigures:
+    """The memory fields of a /proc/<pid>/status text (values in kB there, MiB here)."""
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        if key in _FIELDS:
+            value, _, unit = rest.strip().partition(" ")
+            if unit != "kB":
+                raise ValueError(f"unexpected unit in /proc status line: {line!r}")
+            found[_FIELDS[key]] = int(value) / 1024
+    missing = set(_FIELDS.values()) - set(found)
+    if missing:
+        raise ValueError(f"/proc status lacks {sorted(missing)} (not Linux >= 4.5?)")
+    return MemoryFigures(**found)
