@@ -26,8 +26,9 @@ class Streaming:
     """How the back graph is run over latent frames (one frame = hop_length samples)."""
 
     first_window: int = 32
-    """Frames decoded in the first window; later windows double up to `max_window`."""
-    max_window: int = 256
+    """Frames decoded in the first window; later windows grow fourfold up to `max_window`."""
+    max_window: int = 512
+    """Caps the decoder's working memory (its activations grow with the window)."""
     context: int = 32
     """Frames of context decoded on each side of a window and trimmed afterwards."""
     fixed_window: int = 64

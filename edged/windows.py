@@ -24,18 +24,23 @@ class Window:
         return self.in_end - self.in_start + self.pad
 
 
-def growing_windows(n_frames: int, first: int, largest: int, context: int) -> list[Window]:
-    """Windows of `first` frames, then twice as many each time up to `largest`.
+def growing_windows(
+    n_frames: int, first: int, largest: int, context: int, growth: int = 4
+) -> list[Window]:
+    """Windows of `first` frames, then `growth` times larger each time, up to `largest`.
 
     The first window is small so that audio starts early; later ones grow because every window
-    pays for its context again.
+    pays for its context again, and by then the client has audio buffered (the decoder runs many
+    times faster than real time). A tail shorter than the context joins the window before it.
     """
     windows = []
     start, size = 0, first
     while start < n_frames:
         end = min(n_frames, start + size)
+        if n_frames - end < context:
+            end = n_frames
         windows.append(Window(start, end, max(0, start - context), min(n_frames, end + context)))
-        start, size = end, min(size * 2, largest)
+        start, size = end, min(size * growth, largest)
     return windows
 
 

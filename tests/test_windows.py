@@ -19,8 +19,9 @@ def test_growing_windows_cover_every_frame_once(n_frames: int) -> None:
     windows = growing_windows(n_frames, first=32, largest=256, context=32)
     _assert_covers(windows, n_frames)
     sizes = [w.keep_end - w.keep_start for w in windows]
-    assert sizes[0] == min(32, n_frames)
-    assert all(s <= 256 for s in sizes)
+    # A tail shorter than the context joins the window before it.
+    assert sizes[0] == (n_frames if n_frames < 64 else 32)
+    assert all(s < 256 + 32 for s in sizes)
     for w in windows:
         assert w.keep_start - w.in_start == min(32, w.keep_start)
         assert w.in_end - w.keep_end == min(32, n_frames - w.keep_end)

@@ -1,0 +1,68 @@
+"""tools.bench in its quick mode (real voices, real worker processes) and tools.procmem."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tools.procmem import read_memory
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tools.bench", *args], cwd=REPO, check=False,
+                          capture_output=True, text=True, timeout=180)
+
+
+def test_quick_bench_reports_both_engines_and_draws_the_plot(tmp_path: Path, bundle_dir: Path) -> None:
+    png = tmp_path / "ttfa.png"
+    result = _bench("--quick", "--bundle", str(bundle_dir), "--plot", str(png))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    for engine in ("edged", "piper"):
+        figures = report[engine]
+        for label in ("short", "medium", "long"):
+            assert figures["ttfa_ms"][label] > 0
+            assert figures["total_ms"][label] >= figures["ttfa_ms"][label]
+        audio = figures["audio_s"]
+        assert 0.5 < audio["short"] < audio["medium"] < audio["long"] < 30, audio
+        assert figures["rtf"] > 0 and figures["load_ms"] > 0
+        assert figures["rss_mb"] > figures["anon_mb"] > 0
+        stages = figures["memory_mb"]
+        assert stages["loaded"]["rss"] > stages["imported"]["rss"]  # the voice itself takes room
+        assert [p["audio_s"] for p in figures["sweep"]] == sorted(p["audio_s"] for p in figures["sweep"])
+    # Piper waits for the whole sentence; its first audio must come later for the long text.
+    assert report["piper"]["ttfa_ms"]["long"] > report["piper"]["ttfa_ms"]["short"]
+    compare = report["compare"]
+    assert compare["ttfa_growth_ms"]["piper"] == report["piper"]["ttfa_ms"]["long_minus_short"]
+    assert compare["rtf_ratio"] == pytest.approx(report["edged"]["rtf"] / report["piper"]["rtf"], rel=0.01)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_stops_with_a_clear_error_when_the_voice_is_missing(tmp_path: Path) -> None:
+    result = _bench("--quick", "--bundle", str(tmp_path / "no-such-voice"))
+    assert result.returncode == 1
+    assert "unknown voice" in result.stderr and result.stdout == ""
+
+
+def test_read_memory_sees_anonymous_memory_grow() -> None:
+    before = read_memory()
+    block = np.ones(64 * 1024 * 1024 // 8)  # 64 MiB, every page touched
+    after = read_memory()
+    assert after.anon - before.anon > 60
+    assert after.rss == pytest.approx(after.anon + after.file + after.shmem, abs=0.1)
+    assert after.peak >= after.rss
+    del block
+
+
+def test_read_memory_of_a_finished_process_raises() -> None:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    with pytest.raises(ProcessLookupError):
+        read_memory(process.pid)

@@ -1,0 +1,80 @@
+"""Memory while a very long text streams: python -m tools.longtext [--chars 100000] [--seconds 60]
+
+Runs `edged synth --raw -` on a long text in a child process, drains its stdout, and samples the
+child's resident memory as audio comes out. Flat memory means the text is phonemized and
+synthesized piece by piece, not held whole. Prints JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import threading
+import time
+
+from .procmem import read_memory
+
+PARAGRAPH = (
+    "Edge boxes speak many kinds of text, from short prompts to long documents. "
+    "This paragraph repeats, with a number like 42 and a question: is it still speaking? "
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.longtext", description=__doc__)
+    parser.add_argument("--chars", type=int, default=100_000)
+    parser.add_argument("--seconds", type=float, default=60.0, help="stop sampling after this long")
+    parser.add_argument("--voice", default=None, help="voice id or bundle directory")
+    args = parser.parse_args(argv)
+
+    text = (PARAGRAPH * (args.chars // len(PARAGRAPH) + 1))[: args.chars]
+    command = [sys.executable, "-m", "edged", "synth", "-", "--raw"]
+    if args.voice:
+        command += ["--voice", args.voice]
+    child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert child.stdin and child.stdout
+    threading.Thread(target=_feed, args=(child.stdin, text.encode()), daemon=True).start()
+
+    audio_bytes, samples = 0, []
+    started = time.monotonic()
+    next_sample = started
+    try:
+        while time.monotonic() - started < args.seconds:
+            chunk = child.stdout.read1(1 << 16)  # type: ignore[attr-defined]
+            if not chunk:
+                break
+            audio_bytes += len(chunk)
+            if time.monotonic() >= next_sample:
+                memory = read_memory(child.pid)
+                samples.append({"t_s": round(time.monotonic() - started, 1),
+                                "audio_s": round(audio_bytes / 2 / 22050, 1),
+                                "rss_mb": round(memory.rss, 1), "anon_mb": round(memory.anon, 1)})
+                next_sample += 1.0
+    finally:
+        child.kill()
+        child.wait()
+    after_first = samples[2:] or samples
+    report = {
+        "chars": args.chars,
+        "audio_seconds": round(audio_bytes / 2 / 22050, 1),
+        "anon_mb_first": after_first[0]["anon_mb"] if after_first else None,
+        "anon_mb_max": max(s["anon_mb"] for s in after_first) if after_first else None,
+        "anon_mb_last": after_first[-1]["anon_mb"] if after_first else None,
+        "samples": samples,
+    }
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def _feed(stdin, data: bytes) -> None:  # type: ignore[no-untyped-def]
+    try:
+        stdin.write(data)
+        stdin.close()
+    except BrokenPipeError:
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())
