@@ -1,0 +1,352 @@
+"""The cache facade: memory tier -> in-flight syntheses -> disk tier -> producer.
+
+    cache = await AudioCache.open(CacheSettings())
+    stream = await cache.stream(CacheKey.make(text, voice, version, speed), producer, sample_rate=22050)
+    stream.status                      # "hit" | "miss" | "joined"
+    async with stream:
+        async for pcm in stream: ...   # as it is produced on a miss
+    await cache.close()
+
+A memory hit is answered on the event loop without a thread hop. Everything else for one key goes
+through one `Flight`: the disk lookup (on a reader thread), then, on a miss, the producer. Disk
+writes run on one writer thread, behind a byte-bounded queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from . import generations as gen
+from .diskstore import DiskState, DiskStore, EvictionPolicy
+from .flight import AudioStream, Flight
+from .key import CacheKey
+from .memory import MemoryTier
+from .record import CachedAudio, EntryMeta
+from .settings import CacheSettings
+
+log = logging.getLogger(__name__)
+Producer = Callable[[], AsyncIterator[bytes]]
+T = TypeVar("T")
+
+
+class SynthesisCancelled(Exception):
+    """Raised to readers still attached when the cache closes under a running synthesis."""
+
+
+@dataclass(frozen=True)
+class Invalidation:
+    memory_dropped: int
+    disk_dropped: int
+    """Entries deleted from disk now; others of the scope are skipped and dropped when read."""
+    persisted: bool
+    """False if the disk tier could not record it (then it holds only until restart)."""
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    memory_hits: int
+    memory_misses: int
+    memory_bytes: int
+    memory_entries: int
+    memory_evictions: int
+    disk_hits: int
+    disk_misses: int
+    disk_bytes: int
+    disk_entries: int
+    disk_evictions: int
+    disk_state: DiskState
+    disk_store_failures: dict[str, int]
+    disk_store_skipped: int
+    disk_corrupt_dropped: int
+    disk_recoveries: int
+    joined: int
+    """Requests that joined a synthesis already under way."""
+    stale_dropped: int
+    """Entries found expired or invalidated and dropped."""
+    not_stored: int
+    """Finished syntheses not stored: too long, or invalidated while running."""
+    in_flight: int
+    write_queue_bytes: int
+
+
+@dataclass
+class _Counters:
+    memory_hits: int = 0
+    memory_misses: int = 0
+    joined: int = 0
+    stale_dropped: int = 0
+    not_stored: int = 0
+    queue_skipped: int = 0
+    writes: set[asyncio.Future[Any]] = field(default_factory=set)
+
+
+class AudioCache:
+    def __init__(self, settings: CacheSettings, disk: DiskStore | None,
+                 generations: gen.Generations) -> None:
+        self.settings = settings
+        self.disk = disk
+        self._generations = generations
+        self._memory = MemoryTier(settings.memory_bytes)
+        self._touched: dict[str, float] = {}
+        self._flights: dict[str, Flight] = {}
+        self._counters = _Counters()
+        self._queued = 0
+        self._readers = ThreadPoolExecutor(2, thread_name_prefix="edged-cache-read")
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="edged-cache-write")
+        self._closed = False
+
+    @classmethod
+    async def open(cls, settings: CacheSettings,
+                   eviction_policy: EvictionPolicy = "least-recently-stored") -> AudioCache:
+        """Open both tiers. Never fails for disk trouble: the disk tier is then off (logged)."""
+        generations = gen.Generations()
+        cache = cls(settings, None, generations)
+        if settings.disk:
+            # On the writer thread, which then owns the connection that opening made.
+            disk = await cache._write(DiskStore.open, settings, generations, eviction_policy)
+            cache.disk = disk
+            if disk.needs_repair:  # the last run was killed, or a rebuild left old files behind
+                cache._write(disk.repair)
+        return cache
+
+    async def flush(self) -> None:
+        """Wait until queued disk work (writes, touches, deletes) is done."""
+        while self._counters.writes:
+            await asyncio.wait(list(self._counters.writes))
+
+    async def close(self) -> None:
+        """Cancel syntheses still running (nothing of them is stored), finish queued writes."""
+        self._closed = True
+        tasks = [f.task for f in self._flights.values() if f.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.flush()
+        if self.disk is not None:
+            await asyncio.get_running_loop().run_in_executor(self._writer, self.disk.close)
+        # Threads that end drop their SQLite connections with them.
+        self._readers.shutdown(wait=True)
+        self._writer.shutdown(wait=True)
+
+    # -- the request path --------------------------------------------------------------------
+
+    async def stream(self, key: CacheKey, producer: Producer, *, sample_rate: int,
+                     tag: str | None = None) -> AudioStream:
+        """Audio for `key`: from memory or disk ("hit"), from a synthesis already under way for the
+        same key ("joined"), or from `producer()` ("miss"), streamed as it is produced. A miss is
+        stored only if the producer ends without error and without every reader leaving.
+
+        The caller must close the returned stream (`async with stream:`)."""
+        if self._closed:
+            raise RuntimeError("cache is closed")
+        digest = key.digest
+        entry = self._memory.get(digest)
+        if entry is not None:
+            if self._fresh(entry.meta, time.time()):
+                self._counters.memory_hits += 1
+                self._touch_if_due(digest)
+                return Flight.complete(entry.audio, self.settings.chunk_bytes).join("hit")
+            self._drop(digest)
+        self._counters.memory_misses += 1
+
+        snapshot = self._generations.snapshot(key.voice, key.version, tag)
+        flight = self._flights.get(digest)
+        creator = flight is None or not flight.joinable or flight.generations != snapshot
+        if creator:
+            flight = Flight(self.settings.max_entry_bytes, self._abandon, snapshot)
+            self._flights[digest] = flight
+            stream = flight.join()
+            flight.task = asyncio.get_running_loop().create_task(
+                self._fill(flight, key, producer, sample_rate, tag))
+        else:
+            assert flight is not None
+            stream = flight.join()
+        try:
+            status = await asyncio.shield(flight.status)
+        except BaseException:
+            await stream.aclose()
+            raise
+        if creator or status == "hit":
+            stream.status = "hit" if status == "hit" else "miss"
+        else:
+            stream.status = "joined"
+            self._counters.joined += 1
+        return stream
+
+    async def _fill(self, flight: Flight, key: CacheKey, producer: Producer, sample_rate: int,
+                    tag: str | None) -> None:
+        digest = key.digest
+        try:
+            if self._disk_readable():
+                entry = await self._read(self.disk.get, digest)  # type: ignore[union-attr]
+                if entry is not None and self._fresh(entry.meta, time.time()):
+                    self._remember(entry)
+                    self._write(self.disk.touch, digest)  # type: ignore[union-attr]
+                    flight.resolve("hit")
+                    for i in range(0, len(entry.audio), self.settings.chunk_bytes):
+                        flight.append(entry.audio[i : i + self.settings.chunk_bytes])
+                    flight.finish()
+                    return
+                if entry is not None:
+                    self._counters.stale_dropped += 1
+                    self._write(self.disk.delete, digest)  # type: ignore[union-attr]
+            flight.resolve("miss")
+            chunks = producer()
+            try:
+                async for chunk in chunks:
+                    if chunk:
+                        flight.append(bytes(chunk))
+                        await flight.room()
+            finally:
+                aclose = getattr(chunks, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+        except asyncio.CancelledError:
+            flight.finish(SynthesisCancelled("synthesis was cancelled"))
+            raise
+        except BaseException as error:  # the producer's error reaches every reader
+            flight.finish(error)
+            if not isinstance(error, Exception):
+                raise
+        else:
+            self._store(flight, key, sample_rate, tag)
+            flight.finish()
+        finally:
+            if self._flights.get(digest) is flight:
+                del self._flights[digest]
+
+    def _abandon(self, flight: Flight) -> None:
+        """Every reader left before the end: stop the producer, store nothing."""
+        for digest, current in list(self._flights.items()):
+            if current is flight:
+                del self._flights[digest]
+        if flight.task is not None:
+            flight.task.cancel()
+
+    def _store(self, flight: Flight, key: CacheKey, sample_rate: int, tag: str | None) -> None:
+        if not flight.cacheable or flight.size == 0 or self._closed:
+            self._counters.not_stored += int(flight.size > 0)
+            return
+        if self._generations.snapshot(key.voice, key.version, tag) != flight.generations:
+            self._counters.not_stored += 1  # invalidated while it was being synthesized
+            return
+        audio, checksum = flight.audio()
+        now = time.time()
+        ttl = self.settings.ttl_seconds
+        jitter = self.settings.ttl_jitter
+        lifetime = ttl * random.uniform(1 - jitter, 1 + jitter) if ttl else None
+        meta = EntryMeta(
+            key=key.digest, voice=key.voice, version=key.version, format=key.format,
+            sample_rate=sample_rate, tag=tag, created=now,
+            expires=now + lifetime if lifetime else None, generations=flight.generations,
+            sha256=checksum, size=len(audio),
+        )
+        entry = CachedAudio(meta, audio)
+        self._remember(entry)
+        if self.disk is None:
+            return
+        if self.disk.state == "off":
+            self._write(self.disk.retry_open)  # for the next ones; a no-op until it is due
+            return
+        if self._queued + len(audio) > self.settings.write_queue_bytes:
+            self._counters.queue_skipped += 1
+            return
+        self._queued += len(audio)
+        self._write(self.disk.put, entry, lifetime).add_done_callback(
+            lambda _: self._dequeue(len(audio)))
+
+    def _dequeue(self, size: int) -> None:
+        self._queued -= size
+
+    # -- invalidation --------------------------------------------------------------------------
+
+    async def invalidate_voice(self, voice: str, version: str | None = None) -> Invalidation:
+        """Drop a voice's entries: one version, or every version."""
+        if version is None:
+            return await self._invalidate(gen.voice_scope(voice), None)
+        return await self._invalidate(gen.version_scope(voice, version),
+                                      lambda: self.disk.evict_version(voice, version))  # type: ignore[union-attr]
+
+    async def invalidate_tag(self, tag: str) -> Invalidation:
+        return await self._invalidate(gen.tag_scope(tag), None)
+
+    async def clear(self) -> Invalidation:
+        return await self._invalidate(gen.ALL, lambda: self.disk.clear())  # type: ignore[union-attr]
+
+    async def _invalidate(self, scope: str, delete: Callable[[], int] | None) -> Invalidation:
+        value = self._generations.bump(scope)
+        now = time.time()
+        dropped = self._memory.purge(lambda entry: not self._fresh(entry.meta, now))
+        persisted, disk_dropped = False, 0
+        if self.disk is not None and self.disk.state != "off":
+            persisted = await self._write(self.disk.save_generation, scope, value)
+            if delete is not None:
+                disk_dropped = await self._write(delete)
+        return Invalidation(dropped, disk_dropped, persisted)
+
+    # -- metrics --------------------------------------------------------------------------------
+
+    def stats(self) -> CacheStats:
+        c, disk = self._counters, self.disk
+        d = disk.stats if disk is not None else None
+        return CacheStats(
+            memory_hits=c.memory_hits, memory_misses=c.memory_misses,
+            memory_bytes=self._memory.bytes, memory_entries=len(self._memory),
+            memory_evictions=self._memory.evictions,
+            disk_hits=d.hits if d else 0, disk_misses=d.misses if d else 0,
+            disk_bytes=disk.volume if disk else 0, disk_entries=disk.count if disk else 0,
+            disk_evictions=d.evictions if d else 0, disk_state=disk.state if disk else "off",
+            disk_store_failures=dict(d.store_failures) if d else {},
+            disk_store_skipped=(d.store_skipped if d else 0) + c.queue_skipped,
+            disk_corrupt_dropped=d.corrupt_dropped if d else 0,
+            disk_recoveries=d.recoveries if d else 0,
+            joined=c.joined, stale_dropped=c.stale_dropped, not_stored=c.not_stored,
+            in_flight=len(self._flights), write_queue_bytes=self._queued,
+        )
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _fresh(self, meta: EntryMeta, now: float) -> bool:
+        return not meta.expired(now) and meta.generations == self._generations.snapshot(
+            meta.voice, meta.version, meta.tag)
+
+    def _remember(self, entry: CachedAudio) -> None:
+        digest = entry.meta.key
+        if self._memory.put(digest, entry):
+            self._touched[digest] = time.monotonic()
+            if len(self._touched) > 2 * len(self._memory) + 64:  # forget entries evicted since
+                self._touched = {d: t for d, t in self._touched.items() if d in self._memory}
+
+    def _drop(self, digest: str) -> None:
+        self._memory.discard(digest)
+        self._counters.stale_dropped += 1
+        if self._disk_readable():
+            self._write(self.disk.delete, digest)  # type: ignore[union-attr]
+
+    def _touch_if_due(self, digest: str) -> None:
+        """A phrase served from memory never reaches the disk tier: refresh its disk recency now
+        and then, so it is not the first to be evicted there."""
+        now = time.monotonic()
+        if now - self._touched.setdefault(digest, now) >= self.settings.touch_interval_seconds:
+            self._touched[digest] = now
+            if self._disk_readable():
+                self._write(self.disk.touch, digest)  # type: ignore[union-attr]
+
+    def _disk_readable(self) -> bool:
+        return self.disk is not None and self.disk.state != "off"
+
+    def _read(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        return asyncio.get_running_loop().run_in_executor(self._readers, fn, *args)
+
+    def _write(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        future = asyncio.get_running_loop().run_in_executor(self._writer, fn, *args)
+        self._counters.writes.add(future)
+        future.add_done_callback(self._counters.writes.discard)
+        return future

@@ -1,0 +1,390 @@
+"""The disk tier: a byte-capped diskcache on local disk that survives kill -9, a full disk and a
+corrupted database. Blocking: the facade calls it from worker threads.
+
+Faults, and what happens:
+- kill -9 at any moment: SQLite's WAL rolls back the open transaction on the next open; a value
+  file written before its row committed is an orphan, removed by `repair()` (diskcache's
+  `check(fix=True)`), which the facade runs in the background when the last run did not close
+  cleanly (`needs_repair`). A row whose audio is incomplete fails its checksum and is dropped.
+- Disk full, read-only or unwritable directory: the write is undone (no partial file), logged once,
+  counted in `stats.store_failures`, and writes pause for `write_retry_seconds`; reads go on.
+  A directory that cannot be opened at all leaves the tier off (memory-only).
+- A corrupted database (not a database, malformed pages): moved aside to `corrupt/` and rebuilt
+  empty; the old value files are moved out of the way and deleted by `repair()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sqlite3
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import diskcache  # type: ignore[import-untyped]  # no type hints in 5.6.3
+
+from . import faults, record
+from .generations import Generations
+from .rawdisk import RawDisk, UnreadableRow
+from .settings import CacheSettings
+
+log = logging.getLogger(__name__)
+
+DBNAME = "cache.db"
+OPEN_MARKER = "edged.open"
+"""Present while a process has the cache open: found at open, the last run did not close."""
+CORRUPT_DIR = "corrupt"
+EvictionPolicy = Literal["least-recently-stored", "least-recently-used"]
+DiskState = Literal["ok", "paused", "off"]
+
+
+@dataclass
+class DiskStats:
+    hits: int = 0
+    misses: int = 0
+    corrupt_dropped: int = 0
+    """Entries that failed their checksum or were unreadable: dropped, never served."""
+    evictions: int = 0
+    """Entries the tier removed itself: over its byte cap, or expired."""
+    stores: int = 0
+    store_failures: dict[str, int] = field(default_factory=dict)
+    """Failed writes by reason: disk_full, unwritable, io_error, busy, corrupt."""
+    store_skipped: int = 0
+    """Writes not tried while paused after a failure (or queue full, counted by the facade)."""
+    recoveries: int = 0
+    """Times a corrupted database was moved aside and rebuilt."""
+    touches: int = 0
+
+
+class DiskStore:
+    def __init__(self, settings: CacheSettings, generations: Generations,
+                 eviction_policy: EvictionPolicy = "least-recently-stored") -> None:
+        self.settings = settings
+        self.directory = settings.resolved_directory()
+        self.policy = eviction_policy
+        self.stats = DiskStats()
+        self.state: DiskState = "off"
+        self.needs_repair = False
+        self.volume = 0
+        """Bytes on disk (database pages + value files) as of the last write."""
+        self.count = 0
+        self._generations = generations
+        self._cache: diskcache.Cache | None = None
+        self._db: sqlite3.Connection | None = None
+        self._db_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._paused_until = 0.0
+        self._closed = False
+        self._logged: set[str] = set()
+
+    @classmethod
+    def open(cls, settings: CacheSettings, generations: Generations,
+             eviction_policy: EvictionPolicy = "least-recently-stored") -> DiskStore:
+        """Open (creating, checking or rebuilding as needed). Never raises: a tier that cannot be
+        opened is left off and logged."""
+        store = cls(settings, generations, eviction_policy)
+        store._open()
+        return store
+
+    # -- opening, closing, recovering ------------------------------------------------------
+
+    def _open(self) -> None:
+        try:
+            faults.private_dir(self.directory)
+            self.needs_repair = (self.directory / OPEN_MARKER).exists()
+            try:
+                self._connect()
+            except sqlite3.DatabaseError as error:
+                if not faults.is_corruption(error):
+                    raise
+                self._set_aside(error)
+                self._connect()
+        except (OSError, sqlite3.Error, diskcache.Timeout) as error:
+            self._close_connections()
+            self.state = "off"
+            self._paused_until = time.monotonic() + self.settings.write_retry_seconds
+            self._log_once("open", "cache directory %s unusable, caching in memory only: %s",
+                           self.directory, error)
+            return
+        self.state = "ok"
+        self._mark_open()
+        if any((self.directory / CORRUPT_DIR).glob("trash-*")):
+            self.needs_repair = True
+
+    def retry_open(self) -> None:
+        """Open again a tier left off (full disk: SQLite cannot even create its WAL), at most
+        every `write_retry_seconds`; repair if needed. For the writer thread."""
+        if self.state != "off" or self._closed or time.monotonic() < self._paused_until:
+            return
+        self._open()
+        if self.state == "ok":
+            log.info("cache directory %s usable again", self.directory)
+            self._logged.discard("open")
+            if self.needs_repair:
+                self.repair()
+
+    def _connect(self) -> None:
+        cache = diskcache.Cache(
+            str(self.directory), timeout=self.settings.disk_timeout_seconds, disk=RawDisk,
+            size_limit=self.settings.disk_bytes, eviction_policy=self.policy,
+            statistics=False, tag_index=True,
+        )
+        db = None
+        try:
+            db = sqlite3.connect(self.directory / DBNAME, timeout=self.settings.disk_timeout_seconds,
+                                 isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA synchronous = NORMAL")  # as diskcache's own connections (WAL)
+            db.execute("CREATE TABLE IF NOT EXISTS edged_generations"
+                       " (scope TEXT PRIMARY KEY, gen INTEGER NOT NULL)")
+            stored = dict(db.execute("SELECT scope, gen FROM edged_generations").fetchall())
+            self._generations.merge(stored)
+            # After a rebuild the table is empty: carry over what this process knows.
+            db.executemany("INSERT INTO edged_generations VALUES (?, ?) ON CONFLICT(scope)"
+                           " DO UPDATE SET gen = max(gen, excluded.gen)", self._generations.items())
+            self.volume, self.count = cache.volume(), len(cache)
+        except BaseException:
+            if db is not None:
+                db.close()
+            cache.close()
+            raise
+        self._cache, self._db = cache, db
+
+    def _set_aside(self, error: BaseException) -> None:
+        """Move a corrupted database and its value files out of the way; keep the newest db."""
+        self._close_connections()
+        corrupt = self.directory / CORRUPT_DIR
+        faults.private_dir(corrupt)
+        for old in corrupt.glob(DBNAME + ".*"):
+            old.unlink(missing_ok=True)
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        for suffix in ("-wal", "-shm", ""):  # the WAL first: a fresh db must never meet an old WAL
+            path = self.directory / (DBNAME + suffix)
+            if path.exists():
+                path.rename(corrupt / f"{DBNAME}.{stamp}{suffix}")
+        trash = Path(tempfile.mkdtemp(prefix="trash-", dir=corrupt))
+        for sub in self.directory.iterdir():  # diskcache's value directories: two hex digits
+            if sub.is_dir() and len(sub.name) == 2 and all(c in "0123456789abcdef" for c in sub.name):
+                sub.rename(trash / sub.name)
+        self.stats.recoveries += 1
+        self.needs_repair = True
+        log.warning("cache database %s was corrupted (%s): moved to %s, rebuilt empty",
+                    self.directory / DBNAME, error, corrupt)
+
+    def _recover(self, error: sqlite3.DatabaseError) -> None:
+        with self._lock:
+            if self._cache is None:
+                return
+            try:
+                self._set_aside(error)
+                self._connect()
+                self.state = "ok"
+            except (OSError, sqlite3.Error, diskcache.Timeout) as again:
+                self._close_connections()
+                self.state = "off"
+                self._log_once("recover", "cache could not be rebuilt, memory only: %s", again)
+
+    def _mark_open(self) -> None:
+        try:
+            (self.directory / OPEN_MARKER).write_text(str(os.getpid()))
+        except OSError:  # a full disk: the next open just will not know to repair
+            pass
+
+    def _close_connections(self) -> None:
+        cache, db, self._cache, self._db = self._cache, self._db, None, None
+        if db is not None:
+            db.close()
+        if cache is not None:
+            cache.close()
+
+    def close(self) -> None:
+        self._closed = True
+        was_open = self._cache is not None
+        self._close_connections()
+        self.state = "off"
+        if was_open:
+            try:
+                (self.directory / OPEN_MARKER).unlink(missing_ok=True)
+            except OSError:  # read-only by now: the next open repairs, which is harmless
+                pass
+
+    def repair(self) -> int:
+        """Check and fix database and files (orphan value files, counts); delete trash left by a
+        rebuild. Slow on a big cache: run it in the background. Returns the number of fixes."""
+        for trash in (self.directory / CORRUPT_DIR).glob("trash-*"):
+            shutil.rmtree(trash, ignore_errors=True)
+        cache = self._cache
+        if cache is None:
+            return 0
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("always")  # check() reports by warnings; keep them as a list
+                found = cache.check(fix=True, retry=True)
+        except sqlite3.DatabaseError as error:
+            self._on_db_error(error, "repair")
+            return 0
+        except (OSError, diskcache.Timeout) as error:
+            log.warning("cache repair failed: %s", error)
+            return 0
+        self.needs_repair = False
+        self._mark_open()  # check() deletes every file it does not know, the marker included
+        if found:
+            log.info("cache repair fixed %d problems, e.g. %s", len(found), found[0].message)
+        self._refresh_volume(cache)
+        return len(found)
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def get(self, digest: str) -> record.CachedAudio | None:
+        """The verified entry, or None. A row that fails to parse or its checksum is deleted."""
+        cache = self._cache
+        if cache is None:
+            return None
+        try:
+            blob = cache.get(digest)
+        except UnreadableRow:
+            blob = b""
+        except sqlite3.DatabaseError as error:
+            self._on_db_error(error, "read")
+            return None
+        except diskcache.Timeout:
+            return None
+        if blob is None:
+            self.stats.misses += 1
+            return None
+        try:
+            entry = record.decode(blob, digest)
+        except record.CorruptEntry as error:
+            self.stats.corrupt_dropped += 1
+            self._log_once("corrupt-entry", "dropping corrupt cache entry %s: %s", digest, error)
+            self.delete(digest)
+            return None
+        self.stats.hits += 1
+        return entry
+
+    # -- writes (the facade runs these on its single writer thread) ----------------------------
+
+    def put(self, entry: record.CachedAudio, expire: float | None) -> bool:
+        cache = self._cache
+        if cache is None:
+            return False
+        if self._paused_until > time.monotonic():
+            self.stats.store_skipped += 1
+            return False
+        meta = entry.meta
+        disk: RawDisk = cache.disk
+        try:
+            with cache.transact():
+                before = len(cache)
+                existed = meta.key in cache
+                cache.set(meta.key, record.encode(entry), expire=expire, tag=voice_tag(meta.voice, meta.version))
+                after = len(cache)
+            disk.saved()
+        except (OSError, sqlite3.Error, diskcache.Timeout) as error:
+            disk.discard_unsaved()
+            self._store_failed(error)
+            return False
+        self.stats.stores += 1
+        self.stats.evictions += max(0, before + (0 if existed else 1) - after)
+        self._refresh_volume(cache)
+        if self.state == "paused":
+            self.state = "ok"
+            self._logged.difference_update({"disk_full", "unwritable", "io_error"})
+            log.info("cache writes to %s work again", self.directory)
+        return True
+
+    def touch(self, digest: str) -> None:
+        """Mark an entry recently used without rewriting it (see CacheSettings.touch_interval).
+
+        diskcache has no public call that refreshes store_time, so this updates that column of its
+        `Cache` table directly; tests/test_cache_disk.py checks that it still steers eviction."""
+        if self.policy != "least-recently-stored" or self._db is None or self.state != "ok":
+            return
+        try:
+            with self._db_lock:
+                self._db.execute("UPDATE Cache SET store_time = ? WHERE key = ? AND raw = 1",
+                                 (time.time(), digest))
+            self.stats.touches += 1
+        except sqlite3.DatabaseError as error:
+            self._on_db_error(error, "touch")
+
+    def delete(self, digest: str) -> None:
+        self._guarded(lambda cache: cache.delete(digest), "delete")
+
+    def evict_version(self, voice: str, version: str) -> int:
+        return self._guarded(lambda cache: cache.evict(voice_tag(voice, version)), "evict")
+
+    def clear(self) -> int:
+        return self._guarded(lambda cache: cache.clear(), "clear")
+
+    def save_generation(self, scope: str, value: int) -> bool:
+        """Persist one invalidation counter; False if it could not be written."""
+        if self._db is None:
+            return False
+        try:
+            with self._db_lock:
+                self._db.execute("INSERT INTO edged_generations VALUES (?, ?) ON CONFLICT(scope)"
+                                 " DO UPDATE SET gen = max(gen, excluded.gen)", (scope, value))
+            return True
+        except sqlite3.DatabaseError as error:
+            self._on_db_error(error, "invalidate")
+            return False
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _guarded(self, action: Callable[[diskcache.Cache], object], what: str) -> int:
+        cache = self._cache
+        if cache is None:
+            return 0
+        try:
+            result = action(cache)
+        except (sqlite3.DatabaseError, OSError, diskcache.Timeout) as error:
+            if isinstance(error, sqlite3.DatabaseError):
+                self._on_db_error(error, what)
+            else:
+                log.warning("cache %s failed: %s", what, error)
+            return 0
+        self._refresh_volume(cache)
+        return result if isinstance(result, int) else 0
+
+    def _refresh_volume(self, cache: diskcache.Cache) -> None:
+        try:
+            self.volume, self.count = cache.volume(), len(cache)
+        except sqlite3.Error:
+            pass
+
+    def _on_db_error(self, error: sqlite3.DatabaseError, what: str) -> None:
+        if faults.is_corruption(error):
+            self._recover(error)
+        else:
+            self._log_once(f"db-{what}", "cache %s failed: %s", what, error)
+
+    def _store_failed(self, error: BaseException) -> None:
+        reason = faults.reason(error)
+        self.stats.store_failures[reason] = self.stats.store_failures.get(reason, 0) + 1
+        if reason == "corrupt":
+            assert isinstance(error, sqlite3.DatabaseError)
+            self._recover(error)
+            return
+        if reason == "busy":
+            return
+        self._paused_until = time.monotonic() + self.settings.write_retry_seconds
+        self.state = "paused"
+        self._log_once(reason, "cache write to %s failed (%s), serving without storing: %s",
+                       self.directory, reason, error)
+
+    def _log_once(self, what: str, message: str, *args: object) -> None:
+        if what not in self._logged:
+            self._logged.add(what)
+            log.warning(message, *args)
+
+
+def voice_tag(voice: str, version: str) -> str:
+    """diskcache's tag column holds the voice version, so dropping a version is one indexed evict."""
+    return f"{voice}\x1f{version}"

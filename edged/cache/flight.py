@@ -1,0 +1,192 @@
+"""Singleflight: one synthesis per key, its chunks fanned out to every waiter as they arrive.
+
+A `Flight` is an append-only list of chunks plus the set of streams reading it, each at its own
+position. A late joiner replays from the first chunk and then follows live. A stream that goes
+away leaves the flight; when the last one leaves before the end, `on_abandon` runs (the cache
+cancels the producer and stores nothing). Event-loop thread only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import weakref
+from collections.abc import AsyncIterator, Callable
+from typing import Literal, Self
+
+Status = Literal["hit", "miss", "joined"]
+_tokens = itertools.count()
+
+HIGH_WATER = 4 * 1024 * 1024
+"""Once a flight is too long to cache, its producer waits while the slowest stream lags by more
+than this many bytes, so memory stays bounded."""
+
+
+class Flight:
+    def __init__(self, max_bytes: int, on_abandon: Callable[[Flight], None],
+                 generations: tuple[int, int, int, int] = (0, 0, 0, 0)) -> None:
+        self.max_bytes = max_bytes
+        self.generations = generations
+        """Invalidation generations when the flight began (see generations.py)."""
+        self.chunks: list[bytes] = []
+        self.base = 0
+        """Index, in the whole chunk sequence, of chunks[0] (chunks are trimmed once uncacheable)."""
+        self.size = 0
+        self.buffered = 0
+        self.cacheable = True
+        """False once the audio is over max_bytes: it will not be stored and no one may join."""
+        self.done = False
+        self.error: BaseException | None = None
+        self.status: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.task: asyncio.Task[None] | None = None
+        self._checksum = hashlib.sha256()
+        self._positions: dict[int, int] = {}
+        self._on_abandon = on_abandon
+        self._more = asyncio.Event()
+        self._room = asyncio.Event()
+
+    @classmethod
+    def complete(cls, audio: bytes, chunk_bytes: int) -> Flight:
+        """A finished flight over audio already at hand (a cache hit)."""
+        flight = cls(len(audio), lambda _: None)
+        flight.chunks = [audio[i : i + chunk_bytes] for i in range(0, len(audio), chunk_bytes)]
+        flight.size = flight.buffered = len(audio)
+        flight.done = True
+        flight.status.set_result("hit")
+        return flight
+
+    # -- producer side ---------------------------------------------------------------------------
+
+    def resolve(self, status: Literal["hit", "miss"]) -> None:
+        if not self.status.done():
+            self.status.set_result(status)
+
+    def append(self, chunk: bytes) -> None:
+        self.chunks.append(chunk)
+        self.size += len(chunk)
+        self.buffered += len(chunk)
+        if self.cacheable:
+            self._checksum.update(chunk)
+            if self.size > self.max_bytes:
+                self.cacheable = False
+                self._trim()
+        self._wake()
+
+    def finish(self, error: BaseException | None = None) -> None:
+        self.resolve("miss")
+        self.done = True
+        self.error = error
+        self._wake()
+
+    async def room(self) -> None:
+        """Wait while an uncacheable flight has too much unread audio buffered."""
+        while not self.cacheable and self.buffered > HIGH_WATER and self._positions:
+            self._room.clear()
+            await self._room.wait()
+
+    def audio(self) -> tuple[bytes, str]:
+        """The whole audio and its sha256 hex (cacheable flights only)."""
+        assert self.cacheable and self.base == 0
+        return b"".join(self.chunks), self._checksum.hexdigest()
+
+    # -- stream side -----------------------------------------------------------------------------
+
+    @property
+    def joinable(self) -> bool:
+        return self.cacheable and not self.done
+
+    def join(self, status: Status | None = None) -> AudioStream:
+        token = next(_tokens)
+        self._positions[token] = self.base
+        return AudioStream(self, token, status)
+
+    def leave(self, token: int) -> None:
+        if self._positions.pop(token, None) is None:
+            return
+        if not self._positions and not self.done:
+            self._on_abandon(self)
+        elif not self.cacheable:
+            self._trim()
+
+    def _next(self, token: int) -> bytes | None:
+        pos = self._positions[token]
+        index = pos - self.base
+        if index >= len(self.chunks):
+            return None
+        self._positions[token] = pos + 1
+        chunk = self.chunks[index]
+        if not self.cacheable:
+            self._trim()
+        return chunk
+
+    def _trim(self) -> None:
+        """Drop chunks every stream has read (only once the flight will not be stored)."""
+        low = min(self._positions.values(), default=self.base + len(self.chunks))
+        drop = low - self.base
+        if drop > 0:
+            self.buffered -= sum(len(c) for c in self.chunks[:drop])
+            del self.chunks[:drop]
+            self.base = low
+        if self.buffered <= HIGH_WATER:
+            self._room.set()
+
+    def _wake(self) -> None:
+        more, self._more = self._more, asyncio.Event()
+        more.set()
+
+
+class AudioStream(AsyncIterator[bytes]):
+    """One waiter's view of a flight: chunks from the first, live until the end.
+
+    Close it (`aclose()` or `async with`) when done; an unclosed stream leaves its flight when it
+    is garbage-collected."""
+
+    def __init__(self, flight: Flight, token: int, status: Status | None) -> None:
+        self._flight: Flight | None = flight
+        self._token = token
+        self.status: Status | None = status
+        loop = asyncio.get_running_loop()
+        self._finalizer = weakref.finalize(self, _leave_later, loop, flight, token)
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> bytes:
+        while (flight := self._flight) is not None:
+            chunk = flight._next(self._token)
+            if chunk is not None:
+                return chunk
+            if flight.done:
+                self._leave()
+                if flight.error is not None:
+                    raise flight.error
+                break
+            await flight._more.wait()
+        raise StopAsyncIteration
+
+    async def read_all(self) -> bytes:
+        return b"".join([chunk async for chunk in self])
+
+    async def aclose(self) -> None:
+        self._leave()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._leave()
+
+    def _leave(self) -> None:
+        flight, self._flight = self._flight, None
+        if flight is not None:
+            self._finalizer.detach()
+            flight.leave(self._token)
+
+
+def _leave_later(loop: asyncio.AbstractEventLoop, flight: Flight, token: int) -> None:
+    # Garbage collection may run on any thread: hand the departure to the loop.
+    try:
+        loop.call_soon_threadsafe(flight.leave, token)
+    except RuntimeError:  # loop closed: nothing left to cancel
+        pass

@@ -1,0 +1,88 @@
+"""One cache entry as stored: a small JSON header in front of the raw audio bytes.
+
+    b"EDGA" | u8 layout | u32 header length (LE) | JSON header | audio
+
+JSON and a byte slice are all a reader ever parses: nothing from disk is unpickled. The header
+carries the sha256 of the audio; an entry whose audio does not match it is never served.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from dataclasses import asdict, dataclass
+
+MAGIC = b"EDGA"
+LAYOUT = 1
+_PREFIX = struct.Struct("<4sBI")
+_MAX_HEADER = 64 * 1024
+
+
+class CorruptEntry(Exception):
+    """A stored entry is malformed or fails its checksum (it is dropped, never served)."""
+
+
+@dataclass(frozen=True)
+class EntryMeta:
+    """What is stored next to the audio."""
+
+    key: str
+    """CacheKey.digest the entry was stored under (a mix-up is treated as corruption)."""
+    voice: str
+    version: str
+    format: str
+    sample_rate: int
+    """Hz."""
+    tag: str | None
+    """The request's tag (e.g. "prompts-v3"), for invalidation by tag."""
+    created: float
+    """Unix time (s) the synthesis finished."""
+    expires: float | None
+    """Unix time (s) after which the entry is never served; None: no expiry."""
+    generations: tuple[int, int, int, int]
+    """Invalidation generations (all, voice, voice version, tag) current when synthesis began."""
+    sha256: str
+    """Hex digest of the audio bytes."""
+    size: int
+    """Audio length in bytes."""
+
+    def expired(self, now: float) -> bool:
+        return self.expires is not None and now >= self.expires
+
+
+@dataclass(frozen=True)
+class CachedAudio:
+    meta: EntryMeta
+    audio: bytes
+
+
+def audio_checksum(audio: bytes) -> str:
+    return hashlib.sha256(audio).hexdigest()
+
+
+def encode(entry: CachedAudio) -> bytes:
+    header = json.dumps(asdict(entry.meta), separators=(",", ":")).encode("utf-8")
+    return _PREFIX.pack(MAGIC, LAYOUT, len(header)) + header + entry.audio
+
+
+def decode(record: bytes, expected_key: str) -> CachedAudio:
+    """Parse and verify one stored record; CorruptEntry if anything is off."""
+    if len(record) < _PREFIX.size:
+        raise CorruptEntry("record too short")
+    magic, layout, header_len = _PREFIX.unpack_from(record)
+    if magic != MAGIC or layout != LAYOUT or header_len > min(_MAX_HEADER, len(record) - _PREFIX.size):
+        raise CorruptEntry("bad record prefix")
+    start = _PREFIX.size + header_len
+    try:
+        fields = json.loads(record[_PREFIX.size : start])
+        fields["generations"] = tuple(int(g) for g in fields["generations"])
+        meta = EntryMeta(**fields)
+    except (ValueError, TypeError, KeyError) as error:
+        raise CorruptEntry(f"bad record header: {error}") from None
+    audio = record[start:]
+    if meta.key != expected_key or len(meta.generations) != 4:
+        raise CorruptEntry("record belongs to another key")
+    if meta.size != len(audio) or audio_checksum(audio) != meta.sha256:
+        raise CorruptEntry("audio fails its checksum")
+    return CachedAudio(meta, audio)

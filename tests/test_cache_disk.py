@@ -1,0 +1,365 @@
+"""The disk tier under faults: full disk, read-only and unwritable directories, corrupted database
+and entries, tampered rows; eviction order and directory permissions."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pickle
+import sqlite3
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from cache_helpers import Producer, fetch, run, settle
+
+from edged.cache import AudioCache, CacheKey, CacheSettings, default_directory
+from edged.cache.diskstore import DiskStore
+from edged.cache.generations import Generations
+from edged.cache.record import CachedAudio, EntryMeta, audio_checksum
+
+LOGGER = "edged.cache.diskstore"
+
+
+@contextmanager
+def small_filesystem(path: Path, size_kb: int) -> Iterator[Path]:
+    """A real filesystem of `size_kb`: tmpfs, else a loop-mounted ext4 image (root needed)."""
+    path.mkdir()
+    attempts = [["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(path)]]
+    image = path.with_suffix(".img")
+    reasons = []
+    for command in attempts + [None]:
+        if command is None:  # fall back to a loop-mounted image
+            try:
+                subprocess.run(["truncate", "-s", f"{max(size_kb, 2048)}k", str(image)], check=True)
+                subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True)
+            except (OSError, subprocess.CalledProcessError) as error:
+                reasons.append(str(error))
+                break
+            command = ["mount", "-o", "loop", str(image), str(path)]
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        if result.returncode == 0:
+            break
+        reasons.append(result.stderr.strip())
+    else:
+        reasons.append("no mount worked")
+    if not os.path.ismount(path):
+        pytest.skip(f"cannot mount a small filesystem here: {reasons}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", str(path)], capture_output=True, check=False)
+        if subprocess.run(["umount", str(path)], capture_output=True, check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(path)], check=True)  # a failed test left files open
+        image.unlink(missing_ok=True)
+
+
+def remount(path: Path, mode: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,{mode}", str(path)], check=True)
+
+
+def fill(path: Path) -> Path:
+    """Take every free byte of the filesystem at `path`."""
+    filler = path / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while True:
+            os.write(fd, b"\0" * 65536)
+    except OSError:
+        pass
+    try:
+        while True:  # the last partial block
+            os.write(fd, b"\0" * 512)
+    except OSError:
+        pass
+    os.close(fd)
+    return filler
+
+
+def value_files(directory: Path) -> list[Path]:
+    return list(directory.glob("??/??/*.val"))
+
+
+def warnings_logged(caplog: pytest.LogCaptureFixture, text: str) -> int:
+    return sum(text in r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
+
+
+def test_disk_full_keeps_serving_without_storing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with small_filesystem(tmp_path / "small", 4096) as mount:
+        cache_settings = CacheSettings(directory=mount / "cache", memory_bytes=1, ttl_seconds=None,
+                                       write_retry_seconds=0.0)
+        keys = [CacheKey.make(f"phrase {i}", "v", "1") for i in range(6)]
+        producers = [Producer(chunks=2, size=60_000) for _ in keys]
+
+        async def scenario() -> None:
+            cache = await AudioCache.open(cache_settings)
+            await fetch(cache, producers[0], keys[0])
+            await settle(cache)
+            filler = fill(mount)
+            for key, producer in zip(keys[1:5], producers[1:5]):
+                assert await fetch(cache, producer, key) == ("miss", producer.whole)  # served
+                await settle(cache)
+            stats = cache.stats()
+            assert stats.disk_store_failures.get("disk_full", 0) == 4
+            assert stats.disk_state == "paused"
+            assert warnings_logged(caplog, "serving without storing") == 1  # once, not per write
+            assert value_files(cache_settings.resolved_directory()).__len__() == 1  # no partial files
+            assert await fetch(cache, producers[0], keys[0]) == ("hit", producers[0].whole)  # reads go on
+            filler.unlink()
+            await fetch(cache, producers[5], keys[5])
+            await settle(cache)
+            assert cache.stats().disk_state == "ok"
+            assert await fetch(cache, producers[5], keys[5]) == ("hit", producers[5].whole)
+            await cache.close()
+
+        run(scenario())
+
+
+def test_cache_opened_on_a_full_disk_comes_back_when_space_is_freed(tmp_path: Path) -> None:
+    with small_filesystem(tmp_path / "small", 2048) as mount:
+        cache_settings = CacheSettings(directory=mount / "cache", memory_bytes=1, ttl_seconds=None,
+                                       write_retry_seconds=0.0)
+        old, new = Producer(), Producer()
+        old_key, new_key = CacheKey.make("old", "v", "1"), CacheKey.make("new", "v", "1")
+
+        async def scenario() -> None:
+            cache = await AudioCache.open(cache_settings)
+            await fetch(cache, old, old_key)
+            await cache.close()
+            filler = fill(mount)
+            cache = await AudioCache.open(cache_settings)  # SQLite cannot create its WAL: off
+            assert cache.stats().disk_state == "off"
+            assert await fetch(cache, old, old_key) == ("miss", old.whole)  # still serving
+            filler.unlink()
+            await fetch(cache, new, new_key)  # a store finds the tier off: it reopens it
+            await settle(cache)
+            assert cache.stats().disk_state == "ok"
+            assert await fetch(cache, old, old_key) == ("hit", old.whole)
+            await cache.close()
+
+        run(scenario())
+
+
+def test_unwritable_directory_runs_memory_only(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with small_filesystem(tmp_path / "ro", 1024) as mount:
+        remount(mount, "ro")
+
+        async def scenario() -> None:
+            cache = await AudioCache.open(CacheSettings(directory=mount / "edged", ttl_seconds=None))
+            producer = Producer()
+            assert await fetch(cache, producer) == ("miss", producer.whole)
+            assert await fetch(cache, producer) == ("hit", producer.whole)
+            assert cache.stats().disk_state == "off"
+            await cache.close()
+
+        run(scenario())
+        assert warnings_logged(caplog, "caching in memory only") == 1
+
+
+def test_directory_turning_read_only_pauses_writes_but_not_reads(tmp_path: Path) -> None:
+    directory = tmp_path / "cache"
+    cache_settings = CacheSettings(directory=directory, memory_bytes=1, ttl_seconds=None)
+    kept, lost = Producer(), Producer()
+    kept_key, lost_key = CacheKey.make("kept", "v", "1"), CacheKey.make("lost", "v", "1")
+
+    async def scenario() -> None:
+        cache = await AudioCache.open(cache_settings)
+        await fetch(cache, kept, kept_key)
+        await settle(cache)
+        # Linux refuses to remount read-only under open files, so a read-only bind mount of the
+        # directory over itself: new files get EROFS, files already open stay writable.
+        await asyncio.to_thread(subprocess.run, ["mount", "--bind", str(directory), str(directory)], check=True)
+        try:
+            await asyncio.to_thread(subprocess.run, ["mount", "-o", "remount,bind,ro", str(directory)], check=True)
+            assert await fetch(cache, lost, lost_key) == ("miss", lost.whole)
+            await settle(cache)
+            stats = cache.stats()
+            assert stats.disk_state == "paused" and stats.disk_store_failures.get("unwritable") == 1
+            assert await fetch(cache, kept, kept_key) == ("hit", kept.whole)
+            await cache.close()
+        finally:
+            await asyncio.to_thread(subprocess.run, ["umount", "-l", str(directory)], check=True)
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to bind-mount a directory read-only")
+    run(scenario())
+
+
+def _stored(tmp_path: Path, names: list[str]) -> dict[str, Producer]:
+    producers = {name: Producer() for name in names}
+
+    async def scenario() -> None:
+        cache = await AudioCache.open(CacheSettings(directory=tmp_path / "cache", ttl_seconds=None))
+        for name, producer in producers.items():
+            await fetch(cache, producer, CacheKey.make(name, "v", "1"))
+        await cache.close()
+
+    run(scenario())
+    return producers
+
+
+def test_corrupted_database_is_moved_aside_and_rebuilt(tmp_path: Path) -> None:
+    directory = tmp_path / "cache"
+    old = _stored(tmp_path, ["one", "two"])
+    assert len(value_files(directory)) == 2
+    (directory / "cache.db").write_bytes(b"not a database " * 4096)
+
+    async def scenario() -> None:
+        cache = await AudioCache.open(CacheSettings(directory=directory, memory_bytes=1, ttl_seconds=None))
+        assert cache.stats().disk_recoveries == 1
+        for name, producer in old.items():  # the old entries are gone, and nothing else is served
+            assert await fetch(cache, producer, CacheKey.make(name, "v", "1")) == ("miss", producer.whole)
+        new = Producer()
+        await fetch(cache, new, CacheKey.make("new", "v", "1"))
+        await settle(cache)
+        assert await fetch(cache, new, CacheKey.make("new", "v", "1")) == ("hit", new.whole)
+        await cache.close()
+
+    run(scenario())
+    kept = [p.name for p in (directory / "corrupt").glob("cache.db.*") if not p.name.endswith(("-wal", "-shm"))]
+    assert len(kept) == 1  # the damaged database is kept for a post-mortem
+    store = DiskStore.open(CacheSettings(directory=directory), Generations())
+    assert store.state == "ok" and store.count == 3  # the two re-synthesized phrases and "new"
+    store.repair()
+    assert not list((directory / "corrupt").glob("trash-*"))  # the old value files are deleted
+    assert len(value_files(directory)) == 3
+    store.close()
+
+
+def test_database_overwritten_while_open_never_gives_a_wrong_answer(tmp_path: Path) -> None:
+    # SQLite may go on answering from its WAL and page cache, or see the damage: either way every
+    # answer is the right audio or a miss, and the cache works again after a restart.
+    directory = tmp_path / "cache"
+    old = _stored(tmp_path, ["one", "two", "three"])
+    keys = {name: CacheKey.make(name, "v", "1") for name in old}
+
+    async def check(cache: AudioCache) -> None:
+        for name, producer in old.items():
+            status, audio = await fetch(cache, producer, keys[name])
+            assert status in ("hit", "miss") and audio == producer.whole
+
+    async def scenario() -> None:
+        cache = await AudioCache.open(CacheSettings(directory=directory, memory_bytes=1, ttl_seconds=None))
+        (directory / "cache.db").write_bytes(os.urandom((directory / "cache.db").stat().st_size))
+        await check(cache)
+        await settle(cache)
+        await cache.close()
+        cache = await AudioCache.open(CacheSettings(directory=directory, memory_bytes=1, ttl_seconds=None))
+        await check(cache)
+        new = Producer()
+        await fetch(cache, new, CacheKey.make("new", "v", "1"))
+        await settle(cache)
+        assert await fetch(cache, new, CacheKey.make("new", "v", "1")) == ("hit", new.whole)
+        await cache.close()
+
+    run(scenario())
+
+
+def _put(store: DiskStore, name: str, size: int = 40_000) -> CachedAudio:
+    audio = os.urandom(size)
+    key = CacheKey.make(name, "v", "1").digest
+    meta = EntryMeta(key=key, voice="v", version="1", format="pcm", sample_rate=22050, tag=None,
+                     created=0.0, expires=None, generations=(0, 0, 0, 0),
+                     sha256=audio_checksum(audio), size=len(audio))
+    entry = CachedAudio(meta, audio)
+    assert store.put(entry, None)
+    return entry
+
+
+def test_entry_failing_its_checksum_is_dropped_not_served(tmp_path: Path) -> None:
+    store = DiskStore.open(CacheSettings(directory=tmp_path / "cache"), Generations())
+    entry = _put(store, "hello")
+    (path,) = value_files(store.directory)
+    data = bytearray(path.read_bytes())
+    data[-100] ^= 0xFF  # one flipped bit of audio
+    path.write_bytes(bytes(data))
+    assert store.get(entry.meta.key) is None
+    assert store.stats.corrupt_dropped == 1
+    assert store.count == 0 and not value_files(store.directory)
+    store.close()
+
+
+def test_tampered_rows_are_never_unpickled(tmp_path: Path) -> None:
+    store = DiskStore.open(CacheSettings(directory=tmp_path / "cache"), Generations())
+    marker = tmp_path / "pwned"
+
+    class Exploit:
+        def __reduce__(self):  # type: ignore[no-untyped-def]
+            return (open, (str(marker), "w"))
+
+    db = sqlite3.connect(store.directory / "cache.db")
+    rows = [("pickled", 4, None, pickle.dumps(Exploit())), ("escape", 2, "../../etc/passwd", None)]
+    for key, mode, filename, value in rows:
+        db.execute("INSERT INTO Cache (key, raw, store_time, access_time, tag, size, mode, filename, value)"
+                   " VALUES (?, 1, 0, 0, NULL, 0, ?, ?, ?)", (key, mode, filename, value))
+    db.commit()
+    db.close()
+    assert store.get("pickled") is None and store.get("escape") is None
+    assert not marker.exists()
+    assert store.stats.corrupt_dropped == 2 and store.count == 0
+    store.close()
+
+
+def test_touch_keeps_a_used_entry_from_being_evicted(tmp_path: Path) -> None:
+    # diskcache culls the 10 least recently stored entries when a write crosses the cap.
+    names = [f"e{i}" for i in range(12)]
+    scratch = DiskStore.open(CacheSettings(directory=tmp_path / "scratch"), Generations())
+    for name in names:
+        _put(scratch, name)
+    full = scratch.volume  # the cap that twelve entries just fit under
+    scratch.close()
+
+    def survivors(touch: bool) -> set[str]:
+        store = DiskStore.open(CacheSettings(directory=tmp_path / f"touch-{touch}", disk_bytes=full + 4096),
+                               Generations())
+        entries = {name: _put(store, name) for name in names}
+        if touch:
+            store.touch(entries["e0"].meta.key)
+        entries["new"] = _put(store, "new")
+        kept = {name for name, e in entries.items() if store.get(e.meta.key) is not None}
+        assert store.stats.evictions == 10
+        store.close()
+        return kept
+
+    assert survivors(touch=False) == {"e10", "e11", "new"}
+    assert survivors(touch=True) == {"e0", "e11", "new"}
+
+
+def test_unclean_shutdown_is_detected_and_repaired(tmp_path: Path) -> None:
+    directory = tmp_path / "cache"
+    store = DiskStore.open(CacheSettings(directory=directory), Generations())
+    entry = _put(store, "kept")
+    assert not store.needs_repair
+    orphan = directory / "ab" / "cd" / ("0" * 28 + ".val")  # a value whose row never committed
+    orphan.parent.mkdir(parents=True)
+    orphan.write_bytes(b"partial")
+    del store  # no close(): as after kill -9
+
+    again = DiskStore.open(CacheSettings(directory=directory), Generations())
+    assert again.needs_repair
+    assert again.repair() >= 1
+    assert not orphan.exists() and not again.needs_repair
+    assert again.get(entry.meta.key) == entry
+    again.close()
+    assert not DiskStore.open(CacheSettings(directory=directory), Generations()).needs_repair
+
+
+def test_cache_directory_is_private(tmp_path: Path) -> None:
+    fresh = tmp_path / "a" / "b" / "cache"
+    DiskStore.open(CacheSettings(directory=fresh), Generations()).close()
+    assert fresh.stat().st_mode & 0o777 == 0o700
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o755)
+    os.chmod(loose, 0o755)
+    DiskStore.open(CacheSettings(directory=loose), Generations()).close()
+    assert loose.stat().st_mode & 0o777 == 0o700
+
+
+def test_default_directory_follows_systemd_then_xdg(tmp_path: Path) -> None:
+    assert default_directory({"CACHE_DIRECTORY": "/var/cache/edged:/var/cache/other"}) == Path("/var/cache/edged")
+    assert default_directory({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "edged"
+    assert default_directory({"XDG_CACHE_HOME": "relative"}) == Path.home() / ".cache" / "edged"
+    assert default_directory({}) == Path.home() / ".cache" / "edged"
