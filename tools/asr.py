@@ -58,8 +58,10 @@ def resample(audio: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
 @dataclass(frozen=True)
 class AsrSettings:
     threads: int = 2
-    compute_type: str = "float32"
-    """CTranslate2 compute type; float32 so the yardstick itself is not quantized."""
+    compute_type: str = "int8"
+    """CTranslate2 compute type. int8 is ~4x cheaper than float32 here (17 vs 74 CPU-seconds for
+    25 sentences) and hears slightly worse (5 vs 3 word errors on 349 words); every system is
+    measured with the same yardstick either way."""
     beam_size: int = 5
 
 
@@ -100,9 +102,10 @@ class Asr:
 
 # -- word error rate ---------------------------------------------------------------------------
 
-_ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
-         "fifteen sixteen seventeen eighteen nineteen").split()
-_TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
+_ONES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+         "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
+         "nineteen")
+_TENS = ("", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
 
 
 def number_words(n: int) -> str:
