@@ -55,3 +55,45 @@ class StageTimeout(EdgedError):
 
     code = "timeout"
     http_status = 503
+
+
+class NotFound(EdgedError):
+    """No such route."""
+
+    code = "not_found"
+    http_status = 404
+
+
+class MethodNotAllowed(EdgedError):
+    """The route exists but not for this HTTP method."""
+
+    code = "method_not_allowed"
+    http_status = 405
+
+
+class RequestTimeout(EdgedError):
+    """The client did not send its request body in time."""
+
+    code = "request_timeout"
+    http_status = 408
+
+
+class BodyTooLarge(EdgedError):
+    """The request body is over the configured byte limit."""
+
+    code = "body_too_large"
+    http_status = 413
+
+
+class ConfigError(EdgedError):
+    """The configuration file or an override is invalid."""
+
+    code = "bad_config"
+    http_status = 500
+
+
+class AlreadyRunning(EdgedError):
+    """Another live daemon owns the socket; it is not taken over."""
+
+    code = "already_running"
+    http_status = 500

@@ -45,7 +45,26 @@ def _phonemize_block(espeak_voice: str, block: str) -> list[list[str]]:
     with _ESPEAK_LOCK:
         if _espeak is None:
             _espeak = EspeakPhonemizer()
+            _set_voice_only_on_change()
         return _espeak.phonemize(espeak_voice, block)
+
+
+def _set_voice_only_on_change() -> None:
+    """espeak-ng copies the voice on every set_voice and frees the copy only when it makes sound,
+    which a phonemizer never does (speech.c DoVoiceChange); Piper's phonemize() sets the voice
+    on every call, so a daemon leaked ~1.3 KB per request (+13 MB per 10,000). Selecting the same
+    voice again changes nothing, so it is skipped."""
+    from piper import espeakbridge
+
+    select = espeakbridge.set_voice
+    current: list[str] = []
+
+    def set_voice(voice: str) -> None:
+        if current != [voice]:
+            select(voice)
+            current[:] = [voice]
+
+    espeakbridge.set_voice = set_voice
 
 
 def text_blocks(text: str, block_chars: int = _BLOCK_CHARS) -> Iterator[str]:

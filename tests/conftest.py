@@ -24,3 +24,28 @@ def voice(bundle_dir: Path):
     from edged.engine import EngineSettings, Voice
 
     return Voice.load(bundle_dir, EngineSettings(precision="fp32"))
+
+
+DAEMON_CONFIG = """
+[server]
+header_timeout_s = 1.0
+body_timeout_s = 1.0
+
+[pipeline.output]
+timeout_s = 1.5
+"""
+"""Short client timeouts, so that the tests of misbehaving clients finish quickly."""
+
+
+@pytest.fixture(scope="session")
+def daemon(tmp_path_factory: pytest.TempPathFactory, bundle_dir: Path):
+    """The real daemon (`python -m edged serve`) on a temporary socket, shared by the tests that
+    do not stop or overload it."""
+    from daemon_harness import Daemon
+
+    running = Daemon(tmp_path_factory.mktemp("daemon"), DAEMON_CONFIG).start()
+    try:
+        running.wait_state("READY")
+        yield running
+    finally:
+        assert running.stop() == 0, running.log_text()

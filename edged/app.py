@@ -1,0 +1,207 @@
+"""The HTTP application (ASGI): routing, request parsing, errors, and streaming audio to the client.
+
+A synthesis answer starts only once its first audio exists, so that everything that can go wrong
+before it (busy, not ready, bad text) is still a proper JSON error with its status. While audio
+streams, the client's connection is watched: if it hangs up, the synthesis task is cancelled
+before its next window; if it stops reading, the output stage's timeout cuts it off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from .asgi import (
+    ClientGone,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+    send_error,
+    send_json,
+    wait_disconnect,
+)
+from .config import OPENAI_VOICE_NAMES
+from .daemon import AudioStream, CacheStatus, Daemon
+from .errors import EdgedError, MethodNotAllowed, NotFound, StageTimeout, UnknownVoice
+from .messages import parse_json, speech_body, synthesize_body
+from .metrics import Metrics
+from .pipeline import SynthesisRequest
+from .wav import wav_header
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
+CONTENT_TYPES = {"wav": b"audio/wav", "pcm": b"application/octet-stream"}
+
+
+class WriteStalled(Exception):
+    """The client stopped reading its audio for longer than the output stage allows."""
+
+
+class App:
+    def __init__(self, daemon: Daemon, metrics: Metrics) -> None:
+        self.daemon = daemon
+        self.settings = daemon.settings
+        self.metrics = metrics
+        self.routes: dict[str, dict[str, Handler]] = {
+            "/v1/health": {"GET": self.health},
+            "/v1/status": {"GET": self.status},
+            "/v1/voices": {"GET": self.voices},
+            "/v1/synthesize": {"POST": self.synthesize},
+            "/v1/audio/speech": {"POST": self.speech},
+            "/metrics": {"GET": self.metrics_text},
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        status = 500
+
+        async def tracked_send(message: dict[str, object]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])  # type: ignore[call-overload]
+            await send(message)
+
+        try:
+            methods = self.routes.get(path)
+            if methods is None:
+                raise NotFound(f"no route {path[:200]!r}")
+            handler = methods.get(scope["method"])
+            if handler is None:
+                allow = ", ".join(methods).encode()
+                error = MethodNotAllowed(f"{scope['method']} is not allowed on {path}; use {allow.decode()}")
+                await send_error(tracked_send, error, self.settings.server.retry_after_s, [(b"allow", allow)])
+            else:
+                await handler(scope, receive, tracked_send)
+        except ClientGone:
+            status = 499  # nginx's "client closed request", for the metrics only
+        except EdgedError as error:
+            await send_error(tracked_send, error, self.settings.server.retry_after_s)
+        finally:
+            self.metrics.count_request(path if path in self.routes else "other", status)
+
+    # -- simple routes ----------------------------------------------------------------------------
+
+    async def health(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_json(send, 200, self.daemon.health())
+
+    async def status(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_json(send, 200, self.daemon.status())
+
+    async def voices(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_json(send, 200, {"default": self.settings.voices.default,
+                                    "voices": self.daemon.registry.describe()})
+
+    async def metrics_text(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body, content_type = self.metrics.render()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", content_type.encode()),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    # -- synthesis ----------------------------------------------------------------------------------
+
+    async def synthesize(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        body = synthesize_body(await self._json(scope, receive), self.settings.limits.max_text_chars)
+        info = self.daemon.registry.info(body.voice or self.settings.voices.default)
+        request = SynthesisRequest(body.text, info.voice_id, info.version, info.sample_rate,
+                                   body.speed, body.format)
+        await self._stream_audio(receive, send, request, "/v1/synthesize", started)
+
+    async def speech(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """OpenAI's POST /v1/audio/speech: {"input", "voice", "response_format", "speed"}."""
+        started = time.perf_counter()
+        body = speech_body(await self._json(scope, receive), self.settings.limits.max_text_chars)
+        info = self.daemon.registry.info(self._openai_voice(body.voice))
+        request = SynthesisRequest(body.input, info.voice_id, info.version, info.sample_rate,
+                                   body.speed, body.response_format)
+        await self._stream_audio(receive, send, request, "/v1/audio/speech", started)
+
+    def _openai_voice(self, name: str) -> str:
+        """An explicit mapping, else an edged voice id, else (for OpenAI's names) the default voice."""
+        openai = self.settings.openai
+        if name in openai.voice_map:
+            return openai.voice_map[name]
+        try:
+            return self.daemon.registry.info(name).voice_id
+        except UnknownVoice:
+            if name.lower() in OPENAI_VOICE_NAMES:
+                return openai.default_voice or self.settings.voices.default
+            raise
+
+    async def _json(self, scope: Scope, receive: Receive) -> dict[str, object]:
+        limits, server = self.settings.limits, self.settings.server
+        return parse_json(await read_body(scope, receive, limits.max_body_bytes, server.body_timeout_s))
+
+    async def _stream_audio(self, receive: Receive, send: Send, request: SynthesisRequest,
+                            route: str, started: float) -> None:
+        """Stream the audio of `request`, cancelling its synthesis if the client hangs up."""
+        cache, chunks = await self.daemon.audio_for(request)
+        streaming = asyncio.create_task(self._send_audio(send, request, cache, chunks, route, started))
+        hangup = asyncio.create_task(wait_disconnect(receive))
+        try:
+            done, _ = await asyncio.wait({streaming, hangup}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the server is cancelling this request (drain timeout)
+            streaming.cancel()
+            hangup.cancel()
+            raise
+        hangup.cancel()
+        if streaming not in done:
+            self.daemon.disconnects += 1
+            streaming.cancel()
+            log.info("client hung up; synthesis cancelled")
+        try:
+            await streaming
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+            raise ClientGone from None
+
+    async def _send_audio(self, send: Send, request: SynthesisRequest, cache: CacheStatus,
+                          chunks: AudioStream, route: str, started: float) -> None:
+        async with contextlib.aclosing(chunks):  # closing it frees the synthesis slot at once
+            try:
+                first = await anext(chunks, b"")
+            except EdgedError as error:
+                await send_error(send, error, self.settings.server.retry_after_s)
+                return
+            if request.format == "wav":  # with the first audio: a client's first bytes hold sound
+                first = wav_header(request.sample_rate) + first
+            headers = [
+                (b"content-type", CONTENT_TYPES[request.format]),
+                (b"x-edged-sample-rate", str(request.sample_rate).encode()),
+                (b"x-edged-cache", cache.encode()),
+                (b"x-edged-voice", request.voice_id.encode()),
+            ]
+            try:
+                await self._write(send, {"type": "http.response.start", "status": 200, "headers": headers})
+                if first:
+                    await self._write(send, {"type": "http.response.body", "body": first, "more_body": True})
+                first_audio = time.perf_counter() - started
+                async for chunk in chunks:
+                    await self._write(send, {"type": "http.response.body", "body": chunk, "more_body": True})
+                await self._write(send, {"type": "http.response.body", "body": b""})
+            except WriteStalled:
+                # Returning with the response incomplete makes the HTTP layer close the connection.
+                self.daemon.write_stalls += 1
+                log.warning("client stopped reading for %g s; stream cut off",
+                            self.daemon.pipeline.output.timeout_s)
+                return
+            except EdgedError as error:  # a stage failed mid-stream: the status is sent already
+                log.warning("synthesis failed mid-stream, connection closed: %s", error)
+                return
+        self.metrics.observe_audio(route, cache, first_audio, time.perf_counter() - started)
+
+    async def _write(self, send: Send, message: dict[str, object]) -> None:
+        try:
+            await self.daemon.pipeline.output.wait(send(message))
+        except StageTimeout:
+            raise WriteStalled from None

@@ -1,0 +1,194 @@
+"""The audio cache in the daemon: the request path through it, invalidation, and warm-up.
+
+A hit needs no model: the key is built from the voice's manifest (id and version, read without
+loading its graphs), and the producer - the synthesis pipeline - runs only on a miss. So after a
+restart, cached phrases are served while voices are still loading.
+
+Warm-up yields to live requests: one phrase at a time, and its synthesis starts only when the
+admission has a free slot and nobody waiting for one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .config import CacheConfig
+from .errors import BadInput
+from .pipeline import Pipeline, SynthesisRequest
+
+if TYPE_CHECKING:
+    from .cache import AudioCache, AudioStream
+    from .registry import VoiceRegistry
+
+log = logging.getLogger(__name__)
+
+CACHED_FORMAT = "pcm"
+"""Cached bytes are always bare PCM: a WAV header is added when the audio is sent."""
+IDLE_POLL_S = 0.05
+"""How often a waiting warm-up looks again whether live requests left it room."""
+TAG_MAX = 64
+
+
+@dataclass(frozen=True)
+class Phrase:
+    text: str
+    voice: str | None = None
+    """Voice id; None: the daemon's default voice."""
+
+
+@dataclass
+class WarmProgress:
+    total: int = 0
+    """Phrases asked for since start."""
+    done: int = 0
+    """Phrases handled (cached already, synthesized now, or failed)."""
+    synthesized: int = 0
+    failed: int = 0
+
+
+def check_tag(value: Any) -> str | None:
+    """A request's optional cache tag: a short printable string (used to invalidate by tag)."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or len(value) > TAG_MAX or not value.isprintable():
+        raise BadInput(f"'tag' must be a printable string of at most {TAG_MAX} characters")
+    return value
+
+
+def parse_phrase_lines(text: str) -> list[Phrase]:
+    """A phrase list: one phrase a line, optionally "voice<TAB>text"; blank lines and lines
+    starting with # are skipped."""
+    phrases = []
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        voice, tab, rest = line.partition("\t")
+        phrases.append(Phrase(rest.strip(), voice.strip() or None) if tab else Phrase(line.strip()))
+    return phrases
+
+
+class CacheService:
+    def __init__(self, config: CacheConfig, pipeline: Pipeline, registry: VoiceRegistry,
+                 default_voice: str) -> None:
+        self.config = config
+        self.pipeline = pipeline
+        self.registry = registry
+        self.default_voice = default_voice
+        self.cache: AudioCache | None = None
+        self.warm = WarmProgress()
+        self._phrases: collections.deque[Phrase] = collections.deque()
+        self._warmer: asyncio.Task[None] | None = None
+
+    async def open(self) -> None:
+        """Open both tiers (the disk tier off, logged, if its directory cannot be used)."""
+        from .cache import AudioCache
+
+        settings = dataclasses.replace(self.config, directory=self.config.resolved_directory())
+        self.cache = await AudioCache.open(settings)
+        log.info("audio cache at %s (disk %s)", settings.directory,
+                 self.cache.disk.state if self.cache.disk is not None else "off")
+
+    async def close(self) -> None:
+        if self._warmer is not None:
+            self._warmer.cancel()
+            await asyncio.gather(self._warmer, return_exceptions=True)
+        if self.cache is not None:
+            cache, self.cache = self.cache, None
+            await cache.close()
+
+    # -- the request path ----------------------------------------------------------------------
+
+    async def stream(self, request: SynthesisRequest, tag: str | None = None,
+                     producer: Callable[[], AsyncIterator[bytes]] | None = None) -> AudioStream:
+        """The PCM of `request`: cached, joined to the same synthesis under way, or synthesized."""
+        from .cache import CacheKey
+
+        assert self.cache is not None
+        key = CacheKey.make(request.text, request.voice_id, request.voice_version, request.speed,
+                            CACHED_FORMAT)
+        if producer is None:
+            producer = lambda: self.pipeline.synthesize_stream(request)  # noqa: E731
+        return await self.cache.stream(key, producer, sample_rate=request.sample_rate, tag=tag)
+
+    # -- administration ------------------------------------------------------------------------
+
+    async def invalidate(self, voice: str | None, version: str | None, tag: str | None) -> dict[str, Any]:
+        """Drop entries of a voice (one version or all), of a tag, or (nothing given) everything."""
+        assert self.cache is not None
+        if version is not None and voice is None:
+            raise BadInput("'version' needs 'voice'")
+        results = []
+        if voice is not None:
+            results.append(await self.cache.invalidate_voice(voice, version))
+        if tag is not None:
+            results.append(await self.cache.invalidate_tag(tag))
+        if not results:
+            results.append(await self.cache.clear())
+        return {
+            "scope": {"voice": voice, "version": version, "tag": tag, "all": voice is None and tag is None},
+            "memory_dropped": sum(r.memory_dropped for r in results),
+            "disk_dropped": sum(r.disk_dropped for r in results),
+            "persisted": all(r.persisted for r in results),
+        }
+
+    def add_warm(self, phrases: list[Phrase]) -> None:
+        """Queue phrases for warm-up (answers at once; progress is in `self.warm`)."""
+        self._phrases.extend(phrases)
+        self.warm.total += len(phrases)
+        if phrases and (self._warmer is None or self._warmer.done()):
+            self._warmer = asyncio.get_running_loop().create_task(self._warm_all())
+
+    def warm_from_file(self, path: Path) -> None:
+        try:
+            phrases = parse_phrase_lines(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as exc:
+            log.error("cannot read warm_file %s: %s", path, exc)
+            return
+        log.info("warming %d phrase(s) from %s", len(phrases), path)
+        self.add_warm(phrases)
+
+    async def _warm_all(self) -> None:
+        while self._phrases:
+            phrase = self._phrases.popleft()
+            try:
+                await self._warm_one(phrase)
+            except Exception as exc:  # noqa: BLE001 (bad phrase, unknown voice, busy, cache closing)
+                self.warm.failed += 1
+                log.warning("warm-up of %r failed: %s", phrase.text[:60], exc)
+            finally:
+                self.warm.done += 1
+
+    async def _warm_one(self, phrase: Phrase) -> None:
+        info = self.registry.info(phrase.voice or self.default_voice)
+        request = SynthesisRequest(phrase.text, info.voice_id, info.version, info.sample_rate, 1.0, "pcm")
+
+        async def when_idle() -> AsyncIterator[bytes]:
+            await asyncio.wrap_future(self.registry.load(info.voice_id))
+            admission = self.pipeline.admission
+            while admission.waiting or admission.active >= admission.capacity:
+                await asyncio.sleep(IDLE_POLL_S)  # live requests first
+            self.warm.synthesized += 1
+            async for chunk in self.pipeline.synthesize_stream(request):
+                yield chunk
+
+        stream = await self.stream(request, None, when_idle)
+        async with stream:
+            async for _ in stream:
+                pass
+
+    # -- figures ----------------------------------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        """The "cache" block of /v1/status."""
+        if self.cache is None:
+            return {"enabled": self.config.enabled, "open": False}
+        stats = dataclasses.asdict(self.cache.stats())
+        return {"enabled": True, "open": True, "directory": str(self.cache.settings.directory),
+                **stats, "warm": dataclasses.asdict(self.warm)}

@@ -1,0 +1,281 @@
+"""The daemon's settings: one dataclass tree with documented defaults and units.
+
+The same tree is filled from the TOML file (`edged serve --config FILE`, sections named like the
+fields below), then from the environment and the command line through `override()`, which takes
+dotted names ("server.socket"), so that no option list is written twice. The documented default
+file is packaging/edged.toml; tests check that it matches these defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .cache.settings import CacheSettings
+from .errors import ConfigError
+
+OPENAI_VOICE_NAMES = (
+    "alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse",
+    "marin", "cedar",
+)
+"""Voice names of the OpenAI speech API; those that are not edged voice ids map to a default."""
+
+
+@dataclass
+class ServerSettings:
+    socket: str = ""
+    """Unix socket path. Empty: $EDGED_SOCKET, else $XDG_RUNTIME_DIR/edged/edged.sock (non-root)
+    or /run/edged/edged.sock (root). A socket passed by systemd takes precedence over all."""
+    socket_mode: int = 0o660
+    """Permissions of the socket file: owner and group may connect."""
+    max_connections: int = 64
+    """Open connections beyond this get a plain 503 from the HTTP layer (a last-resort guard)."""
+    header_timeout_s: float = 10.0
+    """A connection that has not sent complete request headers within this time is closed."""
+    body_timeout_s: float = 10.0
+    """Time allowed to receive a request body once its headers are in (else 408)."""
+    keep_alive_s: float = 5.0
+    """Idle keep-alive connections are closed after this time."""
+    drain_timeout_s: float = 10.0
+    """On SIGTERM, in-flight requests get this long to finish before they are cancelled."""
+    retry_after_s: int = 1
+    """Value of the Retry-After header of 503 answers (seconds)."""
+    malloc_arenas: int = 2
+    """glibc malloc arenas (mallopt M_ARENA_MAX); 0 leaves glibc's default of 8 per core.
+    With the default, resident memory stepped up by ~5 MB some 2,000 requests into a steady
+    loop (memory freed in one thread's arena is not reused by another); with 2 it stayed flat."""
+    admin_group: str = "edged"
+    """Peers (SO_PEERCRED) in this group, or root, may call the administrative routes (cache
+    invalidation and warm-up); everyone else who can connect gets 403."""
+
+
+@dataclass
+class LimitSettings:
+    max_text_chars: int = 100_000
+    """Longer text is refused with 413."""
+    max_body_bytes: int = 1_048_576
+    """Request bodies over this are refused with 413 (room for max_text_chars of escaped JSON)."""
+
+
+@dataclass
+class StageSettings:
+    concurrency: int
+    """Calls of this stage that may run at the same time (threads for blocking stages)."""
+    timeout_s: float
+    """Longest wait for a slot plus run of one call; then the request fails with 503 timeout."""
+
+
+@dataclass
+class PipelineSettings:
+    max_active: int = 2
+    """Syntheses admitted at once: the box has 2 cores and each back run uses both."""
+    queue_size: int = 4
+    """Requests that may wait for admission; past this the answer is 503 busy at once."""
+    queue_timeout_s: float = 10.0
+    """A request waiting longer than this for admission gets 503 busy."""
+    loading_wait_s: float = 5.0
+    """A request for a voice that is still loading waits this long, then gets 503 not_ready."""
+    compute_nice: int = 10
+    """Niceness of the synthesis threads (espeak-ng, onnxruntime and their pools); the event loop
+    keeps normal priority, so refusals, health and status stay fast while synthesis fills both
+    cores. Measured under a 4x overload: 503 p50 5 ms with 10, 13 ms with 0. 0 turns it off."""
+    text: StageSettings = field(default_factory=lambda: StageSettings(1, 5.0))
+    """Text -> phoneme ids (espeak-ng is process-wide and serialized anyway)."""
+    front: StageSettings = field(default_factory=lambda: StageSettings(1, 10.0))
+    """Phoneme ids -> latent frames, one piece per call."""
+    back: StageSettings = field(default_factory=lambda: StageSettings(2, 10.0))
+    """Latent frames -> PCM, one window per call."""
+    output: StageSettings = field(default_factory=lambda: StageSettings(16, 20.0))
+    """Writing a chunk to the client; the timeout is the longest write stall allowed (a client
+    that stops reading is cut off after it, and its synthesis slot freed)."""
+
+
+@dataclass
+class VoiceSettings:
+    default: str = "en_US-joe-medium"
+    """Voice used when a request names none; READY waits for it."""
+    preload: list[str] = field(default_factory=list)
+    """Other voices loaded at start, in parallel with the default one."""
+    load_on_demand: bool = True
+    """Load an installed voice on its first request (else only preloaded voices answer)."""
+    search_path: list[str] = field(default_factory=list)
+    """Directories searched for bundles by voice id before the usual places ($EDGED_VOICES,
+    the repository's models/, /var/lib/edged/voices, /usr/share/edged/voices)."""
+    precision: str = ""
+    """fp32 or int8; empty takes each bundle's recorded choice."""
+    verify: bool = True
+    """Check graph files against the manifest's sha256 before loading."""
+    probe_text: str = "Ready."
+    """The first window of this phrase is synthesized at load (espeak-ng and both graphs run), so
+    READY means the voice answers; empty: skip."""
+
+
+@dataclass
+class OpenAISettings:
+    default_voice: str = ""
+    """Voice for OpenAI voice names (alloy, nova ...) that are not edged voice ids; empty: the
+    daemon's default voice."""
+    voice_map: dict[str, str] = field(default_factory=dict)
+    """Explicit name -> edged voice id mappings, checked first."""
+
+
+@dataclass(frozen=True)
+class CacheConfig(CacheSettings):
+    """[cache]: the cache library's own settings (see edged/cache/settings.py) plus the daemon's.
+    In TOML, directory = "" means the default ($CACHE_DIRECTORY under systemd, else
+    $XDG_CACHE_HOME/edged) and ttl_seconds = 0 means no expiry."""
+
+    enabled: bool = True
+    """False: every request is synthesized (no cache is opened)."""
+    warm_file: str = ""
+    """A phrase list (one a line, optionally "voice<TAB>text") synthesized at start-up, at low
+    priority, for phrases not cached yet; empty: none."""
+
+
+@dataclass
+class Settings:
+    server: ServerSettings = field(default_factory=ServerSettings)
+    limits: LimitSettings = field(default_factory=LimitSettings)
+    pipeline: PipelineSettings = field(default_factory=PipelineSettings)
+    voices: VoiceSettings = field(default_factory=VoiceSettings)
+    openai: OpenAISettings = field(default_factory=OpenAISettings)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+
+    def __post_init__(self) -> None:
+        check(self)
+
+
+def load_settings(config_file: Path | None = None, socket_path: Path | None = None,
+                  env: typing.Mapping[str, str] | None = None) -> Settings:
+    """Defaults <- TOML file <- environment ($EDGED_SOCKET) <- command line (--socket)."""
+    env = os.environ if env is None else env
+    data: dict[str, Any] = {}
+    if config_file is not None:
+        import tomllib
+
+        try:
+            data = tomllib.loads(Path(config_file).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"cannot read config {config_file}: {exc.strerror}") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{config_file}: not valid TOML: {exc}") from None
+    settings = build(Settings, data, "")
+    if env.get("EDGED_SOCKET"):
+        settings = override(settings, "server.socket", env["EDGED_SOCKET"])
+    if socket_path is not None:
+        settings = override(settings, "server.socket", str(socket_path))
+    return settings
+
+
+def override(settings: Settings, dotted: str, value: Any) -> Settings:
+    """A copy of `settings` with one field (named like "pipeline.queue_size") replaced."""
+    data = dataclasses.asdict(settings)
+    *parents, name = dotted.split(".")
+    node = data
+    for part in parents:
+        if not isinstance(node.get(part), dict):
+            raise ConfigError(f"unknown setting {dotted!r}")
+        node = node[part]
+    if name not in node:
+        raise ConfigError(f"unknown setting {dotted!r}")
+    node[name] = value
+    return build(Settings, data, "")
+
+
+def socket_path(settings: Settings, env: typing.Mapping[str, str] | None = None) -> Path:
+    """Where to bind when systemd passed no socket (the contract's order)."""
+    if settings.server.socket:
+        return Path(settings.server.socket)
+    return default_socket_path(env)
+
+
+def default_socket_path(env: typing.Mapping[str, str] | None = None) -> Path:
+    env = os.environ if env is None else env
+    if env.get("EDGED_SOCKET"):
+        return Path(env["EDGED_SOCKET"])
+    if os.geteuid() != 0 and env.get("XDG_RUNTIME_DIR"):
+        return Path(env["XDG_RUNTIME_DIR"]) / "edged" / "edged.sock"
+    return Path("/run/edged/edged.sock")
+
+
+# -- building and checking the tree ----------------------------------------------------------
+
+def build(cls: type, data: Any, where: str, base: Any = None) -> Any:
+    """`base` (default: `cls()`) with the values of `data` (plain TOML values) put in; unknown keys
+    and wrong types are refused with the setting's dotted name. Tables may be partial."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"[{where}] must be a table")
+    base = cls() if base is None else base
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"unknown setting {_join(where, unknown[0])!r}")
+    values = {name: _value(hints[name], data[name], _join(where, name), getattr(base, name))
+              for name in data}
+    try:
+        return dataclasses.replace(base, **values)
+    except ValueError as exc:  # a settings class that checks itself (CacheSettings)
+        raise ConfigError(f"[{where}] {exc}") from None
+
+
+def _value(hint: Any, value: Any, where: str, current: Any) -> Any:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # "X | None": TOML has no null
+        inner = [h for h in typing.get_args(hint) if h is not type(None)][0]
+        if value is None or (value in ("", 0) and type(value) is not bool):
+            return None
+        hint = inner
+    if hint is Path and isinstance(value, (str, Path)):
+        return Path(value)
+    if dataclasses.is_dataclass(hint):
+        return build(typing.cast(type, hint), value, where, current)
+    origin = typing.get_origin(hint)
+    if origin is list:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where} must be a list of strings")
+        return list(value)
+    if origin is dict:
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            raise ConfigError(f"{where} must be a table of strings")
+        return dict(value)
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, str, bool, float) and type(value) is hint:
+        return value
+    raise ConfigError(f"{where} must be {getattr(hint, '__name__', hint)}, not {value!r}")
+
+
+def _join(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name
+
+
+def check(settings: Settings) -> None:
+    """Limits that must be positive, and the precision name."""
+    for path, value in _leaves(settings, ""):
+        if path.startswith("cache."):
+            continue  # CacheSettings checks its own values
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if path.endswith(("queue_size", "compute_nice", "malloc_arenas")):
+                if not 0 <= value <= 19:
+                    raise ConfigError(f"{path} must be between 0 and 19")
+            elif value <= 0:
+                raise ConfigError(f"{path} must be > 0")
+    if settings.voices.precision not in ("", "fp32", "int8"):
+        raise ConfigError("voices.precision must be fp32, int8 or empty")
+    if settings.limits.max_body_bytes < settings.limits.max_text_chars:
+        raise ConfigError("limits.max_body_bytes must be at least limits.max_text_chars")
+
+
+def _leaves(node: Any, where: str) -> typing.Iterator[tuple[str, Any]]:
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _leaves(value, _join(where, f.name))
+        else:
+            yield _join(where, f.name), value
+

@@ -1,0 +1,136 @@
+"""The daemon's engine: its state (NEW -> LOADING -> READY -> DRAINING -> STOPPED), its voices, its
+pipeline, and the one place where a request gets its audio (`audio_for`), which a cache can wrap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Literal, Protocol
+
+from . import __version__
+from .config import Settings
+from .errors import NotReady
+from .pipeline import Pipeline, SynthesisRequest
+from .registry import VoiceRegistry
+
+log = logging.getLogger(__name__)
+
+CacheStatus = Literal["hit", "miss"]
+
+
+class AudioStream(Protocol):
+    """16-bit mono PCM as it is produced (an async generator, or a cache's stream); the consumer
+    closes it (`aclose`) when it is done or its client went away."""
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    async def __anext__(self) -> bytes: ...
+
+    async def aclose(self) -> None: ...
+
+
+class State(enum.Enum):
+    NEW = "NEW"
+    LOADING = "LOADING"
+    READY = "READY"
+    DRAINING = "DRAINING"
+    STOPPED = "STOPPED"
+
+
+class Daemon:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.state = State.NEW
+        self.started = time.monotonic()
+        self.ready_after_s: float | None = None
+        self.registry = VoiceRegistry(settings.voices, settings.pipeline.compute_nice)
+        self.pipeline = Pipeline(settings.pipeline, self.registry)
+        self.disconnects = 0
+        """Streams stopped because the client hung up."""
+        self.write_stalls = 0
+        """Streams stopped because the client stopped reading for longer than the output timeout."""
+        self.on_state: list[Callable[[State], None]] = []
+
+    def set_state(self, state: State) -> None:
+        if state is self.state:
+            return
+        log.info("state %s -> %s", self.state.value, state.value)
+        self.state = state
+        if state is State.READY:
+            self.ready_after_s = time.monotonic() - self.started
+        for callback in self.on_state:
+            callback(state)
+
+    def start_loading(self) -> None:
+        """Load the default and preloaded voices in parallel threads (returns at once)."""
+        self.set_state(State.LOADING)
+        self.pipeline.start_threads()
+        for voice_id in dict.fromkeys([self.settings.voices.default, *self.settings.voices.preload]):
+            self.registry.load(voice_id)
+
+    async def until_ready(self) -> None:
+        """READY once the default voice can answer; its load error is raised otherwise."""
+        future = self.registry.load(self.settings.voices.default)
+        await asyncio.wrap_future(future)
+        if self.state is State.LOADING:
+            self.set_state(State.READY)
+
+    async def audio_for(self, request: SynthesisRequest) -> tuple[CacheStatus, AudioStream]:
+        """The PCM of `request` and where it came from. Today always synthesized ("miss"); the
+        audio cache wraps this one place."""
+        if self.state in (State.DRAINING, State.STOPPED):
+            raise NotReady(f"edged is {self.state.value.lower()}")
+        return "miss", self.pipeline.synthesize_stream(request)
+
+    def health(self) -> dict[str, Any]:
+        return {"state": self.state.value, "version": __version__,
+                "uptime_s": round(time.monotonic() - self.started, 3)}
+
+    def status(self) -> dict[str, Any]:
+        pipeline = self.pipeline
+        admission = pipeline.admission
+        counts = pipeline.counts
+        return {
+            **self.health(),
+            "ready_after_s": None if self.ready_after_s is None else round(self.ready_after_s, 3),
+            "pid": os.getpid(),
+            "voices": self.registry.describe(),
+            "admission": {"active": admission.active, "waiting": admission.waiting,
+                          "capacity": admission.capacity, "queue_size": admission.queue_size,
+                          "rejected": admission.rejected},
+            "stages": {
+                stage.name: {"concurrency": stage.concurrency, "running": stage.running,
+                             "waiting": stage.waiting, "calls": stage.calls, "timeouts": stage.timeouts}
+                for stage in pipeline.stages
+            },
+            "synthesis": {"completed": counts.completed, "cancelled": counts.cancelled,
+                          "failed": counts.failed, "windows": counts.windows,
+                          "disconnects": self.disconnects, "write_stalls": self.write_stalls},
+            "process": process_figures(),
+        }
+
+    def close(self) -> None:
+        self.pipeline.close()
+        self.registry.close()
+
+
+def process_figures() -> dict[str, float]:
+    """From /proc/self/status: resident memory in MiB (all, anonymous = heap, file = mapped weights
+    and libraries) and the number of threads (onnxruntime's own included)."""
+    wanted = {"VmRSS": "rss_mb", "RssAnon": "anon_mb", "RssFile": "file_mb", "Threads": "threads"}
+    found: dict[str, float] = {}
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                key, _, rest = line.partition(":")
+                if key in wanted:
+                    value = int(rest.split()[0])
+                    found[wanted[key]] = value if key == "Threads" else round(value / 1024, 1)
+    except OSError:
+        pass
+    return found

@@ -1,0 +1,122 @@
+"""The HTTP layer: uvicorn's httptools protocol serving the App on our socket.
+
+uvicorn is used for its HTTP/1.1 protocol and flow control only; the server loop, signals and
+shutdown are edged's own (uvicorn's Server polls every 0.1 s and re-raises the signal at exit,
+which would make SIGTERM exit non-zero). Import cost, measured here: uvicorn ~90 ms against
+~200 ms for aiohttp.web, which is why the issue's aiohttp was not used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import socket
+from typing import Any
+
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
+
+from .app import App
+from .daemon import Daemon
+from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class EdgedProtocol(HttpToolsProtocol):
+    """uvicorn's protocol plus a deadline for request headers, which uvicorn does not have: a
+    client that connects and trickles (or never sends) its headers is closed after
+    `header_timeout_s`, so it holds a connection for a bounded time only. It never blocks other
+    clients either way: each connection is served independently by the event loop."""
+
+    def __init__(self, *args: Any, header_timeout_s: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.header_timeout_s = header_timeout_s
+        self._header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm_header_timer()
+
+    def on_headers_complete(self) -> None:
+        self._disarm_header_timer()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_header_timer()
+        super().connection_lost(exc)
+
+    def _arm_header_timer(self) -> None:
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_too_slow)
+
+    def _disarm_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_too_slow(self) -> None:
+        self._header_timer = None
+        if not self.transport.is_closing():
+            log.info("closing a connection that sent no complete headers in %g s", self.header_timeout_s)
+            self.transport.close()
+
+
+class _IntendedCutOff(logging.Filter):
+    """The app ends a stream whose client stopped reading by returning early; uvicorn then closes
+    the connection (what we want) and logs it as an error, which here it is not."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "ASGI callable returned without completing response."
+
+
+class HttpServer:
+    def __init__(self, server: asyncio.Server, state: ServerState, metrics: Metrics) -> None:
+        self.server = server
+        self.state = state
+        self.metrics = metrics
+
+    async def drain(self, timeout_s: float) -> None:
+        """Stop accepting, close idle connections, give running requests `timeout_s` to finish,
+        then cancel what is left."""
+        loop = asyncio.get_running_loop()
+        self.server.close()
+        for connection in list(self.state.connections):
+            connection.shutdown()  # idle: closed now; busy: closed after its response
+        deadline = loop.time() + timeout_s
+        while self.state.tasks and loop.time() < deadline:
+            await asyncio.wait(set(self.state.tasks), timeout=deadline - loop.time())
+        if self.state.tasks:
+            log.warning("cancelling %d request(s) still running after %g s", len(self.state.tasks), timeout_s)
+            for task in self.state.tasks:
+                task.cancel()
+            await asyncio.wait(set(self.state.tasks), timeout=1.0)
+
+    def close(self) -> None:
+        self.server.close()
+        for connection in list(self.state.connections):
+            connection.transport.close()
+        self.metrics.close()
+
+
+async def start_http(daemon: Daemon, sock: socket.socket) -> HttpServer:
+    settings = daemon.settings.server
+    metrics = Metrics(daemon)
+    config = Config(
+        App(daemon, metrics), http="httptools", ws="none", lifespan="off", interface="asgi3",
+        log_config=None, access_log=False, proxy_headers=False, server_header=False, date_header=False,
+        limit_concurrency=settings.max_connections, timeout_keep_alive=settings.keep_alive_s,  # type: ignore[arg-type]
+    )
+    config.load()
+    logging.getLogger("uvicorn.error").addFilter(_IntendedCutOff())
+    state = ServerState()
+    factory = functools.partial(EdgedProtocol, config=config, server_state=state, app_state={},
+                                header_timeout_s=settings.header_timeout_s)
+    server = await asyncio.get_running_loop().create_server(factory, sock=sock)
+    return HttpServer(server, state, metrics)

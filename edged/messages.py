@@ -1,0 +1,126 @@
+"""Request bodies of the HTTP contract, parsed from JSON into typed dataclasses (or BadInput).
+
+Malformed input is refused with a message that names the field; nothing is silently defaulted
+except fields that are optional in the contract.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+from .errors import BadInput, TextTooLong
+
+AudioFormat = Literal["wav", "pcm"]
+FORMATS: tuple[AudioFormat, ...] = ("wav", "pcm")
+SPEED_RANGE = (0.25, 4.0)
+"""The engine's own bounds (SynthesisParams); checked here too so bad input fails before admission."""
+
+
+@dataclass(frozen=True)
+class SynthesizeBody:
+    """POST /v1/synthesize"""
+
+    text: str
+    voice: str | None = None
+    """Voice id; None: the daemon's default voice."""
+    speed: float = 1.0
+    """Speaking rate; 2.0 is twice as fast."""
+    format: AudioFormat = "wav"
+
+
+@dataclass(frozen=True)
+class SpeechBody:
+    """POST /v1/audio/speech (OpenAI-compatible; fields edged does not use are accepted and ignored)."""
+
+    input: str
+    voice: str
+    """An edged voice id, or an OpenAI voice name (alloy, nova ...) mapped by configuration."""
+    speed: float = 1.0
+    response_format: AudioFormat = "wav"
+    """OpenAI's default is mp3, which edged does not produce; wav is the default here."""
+
+
+def parse_json(body: bytes) -> dict[str, Any]:
+    """A JSON object from a request body that must be UTF-8."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"request body is not valid UTF-8 (byte {exc.start})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    if not isinstance(data, dict):
+        raise BadInput("request body must be a JSON object")
+    return data
+
+
+def synthesize_body(data: dict[str, Any], max_text_chars: int) -> SynthesizeBody:
+    _no_unknown(data, ("text", "voice", "speed", "format"))
+    return SynthesizeBody(
+        text=_text(data, "text", max_text_chars),
+        voice=_optional_str(data, "voice"),
+        speed=_speed(data),
+        format=_format(data, "format"),
+    )
+
+
+def speech_body(data: dict[str, Any], max_text_chars: int) -> SpeechBody:
+    voice = _optional_str(data, "voice")
+    if voice is None:
+        raise BadInput("missing field 'voice'")
+    return SpeechBody(
+        input=_text(data, "input", max_text_chars),
+        voice=voice,
+        speed=_speed(data),
+        response_format=_format(data, "response_format"),
+    )
+
+
+def _no_unknown(data: dict[str, Any], known: tuple[str, ...]) -> None:
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise BadInput(f"unknown field {unknown[0]!r} (known: {', '.join(known)})")
+
+
+def _text(data: dict[str, Any], name: str, max_chars: int) -> str:
+    if name not in data:
+        raise BadInput(f"missing field {name!r}")
+    text = data[name]
+    if not isinstance(text, str):
+        raise BadInput(f"field {name!r} must be a string")
+    if len(text) > max_chars:
+        raise TextTooLong(f"{name} has {len(text)} characters; the limit is {max_chars}")
+    if not text.strip():
+        raise BadInput(f"field {name!r} is empty")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate from a JSON \\ud800 escape
+        raise BadInput(f"field {name!r} has an invalid character at {exc.start}") from None
+    return text
+
+
+def _optional_str(data: dict[str, Any], name: str) -> str | None:
+    value = data.get(name)
+    if value is not None and not isinstance(value, str):
+        raise BadInput(f"field {name!r} must be a string")
+    return value or None
+
+
+def _speed(data: dict[str, Any]) -> float:
+    speed = data.get("speed", 1.0)
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)):
+        raise BadInput("field 'speed' must be a number")
+    low, high = SPEED_RANGE
+    if not low <= speed <= high:
+        raise BadInput(f"field 'speed' must be between {low} and {high}")
+    return float(speed)
+
+
+def _format(data: dict[str, Any], name: str) -> AudioFormat:
+    value = data.get(name, "wav")
+    if value not in FORMATS:
+        raise BadInput(f"field {name!r} must be one of {', '.join(FORMATS)}, not {value!r}")
+    return cast(AudioFormat, value)

@@ -1,0 +1,137 @@
+"""Prometheus metrics (GET /metrics), in a registry of the daemon's own.
+
+Events (requests, latencies, GC pauses) are counted as they happen; everything that is a state of
+the daemon (queue lengths per stage, memory, threads, providers) is read from the daemon when
+scraped, so it is never counted twice and never stale. prometheus_client is imported when the
+metrics are built, not at module import (edged.daemon uses `process_figures` from here cheaply).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .daemon import Daemon
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+"""Seconds; dense around the 50-150 ms that time to first audio should take."""
+GC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
+
+
+class Metrics:
+    def __init__(self, daemon: Daemon) -> None:
+        from prometheus_client import (
+            CollectorRegistry,
+            Counter,
+            Histogram,
+            disable_created_metrics,
+        )
+        from prometheus_client.process_collector import ProcessCollector
+
+        disable_created_metrics()  # *_created series only double the output here
+
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter("edged_requests", "HTTP requests by route and status.",
+                                ["route", "status"], registry=self.registry)
+        self.first_audio = Histogram(
+            "edged_time_to_first_audio_seconds",
+            "From the request's arrival to its first audio bytes sent; by cache tier (hit ratio).",
+            ["route", "cache"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.total = Histogram("edged_synthesis_seconds", "From the request's arrival to its last audio sent.",
+                               ["route", "cache"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.gc_pause = Histogram("edged_gc_pause_seconds", "Pauses of the Python garbage collector.",
+                                  ["generation"], buckets=GC_BUCKETS, registry=self.registry)
+        ProcessCollector(registry=self.registry)  # CPU seconds, open fds, virtual memory
+        self.registry.register(_DaemonCollector(daemon))
+        # Children made now: the callback must not create any (labels() would take a lock that
+        # the interrupted thread may hold, since a collection can start inside any allocation).
+        self._gc_children = {g: self.gc_pause.labels(str(g)) for g in range(3)}
+        self._gc_started = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def count_request(self, route: str, status: int) -> None:
+        self.requests.labels(route, str(status)).inc()
+
+    def observe_audio(self, route: str, cache: str, first_audio_s: float, total_s: float) -> None:
+        self.first_audio.labels(route, cache).observe(first_audio_s)
+        self.total.labels(route, cache).observe(total_s)
+
+    def render(self) -> tuple[bytes, str]:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def close(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        elif self._gc_started and info.get("generation") in self._gc_children:
+            self._gc_children[info["generation"]].observe(time.perf_counter() - self._gc_started)
+
+
+class _DaemonCollector:
+    """The daemon's state, read at scrape time."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        from .daemon import State, process_figures
+
+        daemon = self.daemon
+        pipeline = daemon.pipeline
+        state = GaugeMetricFamily("edged_state", "1 for the engine's current state.", labels=["state"])
+        for s in State:
+            state.add_metric([s.value], 1.0 if daemon.state is s else 0.0)
+        yield state
+
+        admission = pipeline.admission
+        queue = GaugeMetricFamily("edged_queue_length", "Requests waiting, per stage (admission included).",
+                                  labels=["stage"])
+        running = GaugeMetricFamily("edged_stage_running", "Calls running, per stage.", labels=["stage"])
+        calls = CounterMetricFamily("edged_stage_calls", "Calls started, per stage.", labels=["stage"])
+        timeouts = CounterMetricFamily("edged_stage_timeouts", "Calls over their stage timeout.", labels=["stage"])
+        queue.add_metric(["admission"], admission.waiting)
+        running.add_metric(["admission"], admission.active)
+        for stage in pipeline.stages:
+            queue.add_metric([stage.name], stage.waiting)
+            running.add_metric([stage.name], stage.running)
+            calls.add_metric([stage.name], stage.calls)
+            timeouts.add_metric([stage.name], stage.timeouts)
+        yield from (queue, running, calls, timeouts)
+
+        counts = pipeline.counts
+        for name, value, doc in (
+            ("edged_busy_rejections", admission.rejected, "Requests refused with 503 busy."),
+            ("edged_synthesis_completed", counts.completed, "Syntheses streamed to their end."),
+            ("edged_synthesis_cancelled", counts.cancelled, "Syntheses stopped early (hang-up, stalled reader)."),
+            ("edged_synthesis_failed", counts.failed, "Syntheses that failed with an error."),
+            ("edged_windows_decoded", counts.windows, "Back-graph windows decoded."),
+            ("edged_client_disconnects", daemon.disconnects, "Streams whose client hung up."),
+            ("edged_write_stalls", daemon.write_stalls, "Streams cut off because the client stopped reading."),
+        ):
+            yield CounterMetricFamily(name, doc, value=value)
+
+        figures = process_figures()
+        memory = GaugeMetricFamily("edged_resident_memory_bytes", "Resident memory by kind.", labels=["kind"])
+        for kind in ("rss", "anon", "file"):
+            if f"{kind}_mb" in figures:
+                memory.add_metric([kind], figures[f"{kind}_mb"] * 1024 * 1024)
+        yield memory
+        if "threads" in figures:
+            yield GaugeMetricFamily("edged_threads", "Threads of the process.", value=figures["threads"])
+
+        providers = GaugeMetricFamily("edged_voice_provider", "Execution provider serving each graph.",
+                                      labels=["voice", "version", "precision", "graph", "provider"])
+        for voice_id, voice in daemon.registry.loaded().items():
+            for graph, provider in voice.providers.items():
+                providers.add_metric([voice_id, voice.manifest.version, voice.precision, graph, provider], 1.0)
+        yield providers

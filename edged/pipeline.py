@@ -1,0 +1,258 @@
+"""The request path: admission -> text -> front -> back windows -> output, each stage bounded.
+
+    async for chunk in pipeline.synthesize_stream(request):   # wav header + PCM, as produced
+        await pipeline.output.wait(send(chunk))
+
+Every stage has its own concurrency limit, its own timeout and (for the blocking ones) its own
+threads, so a long front run cannot take the slots of the back windows. Admission in front of
+them is bounded: past `queue_size` waiting requests the answer is Busy at once, so overload costs
+a refusal, not memory. Cancellation (a client hanging up) is checked at every await, that is
+before each window: the window being decoded finishes in its thread, no further one starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import threading
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from .config import PipelineSettings, StageSettings
+from .errors import Busy, StageTimeout
+from .messages import AudioFormat
+
+if TYPE_CHECKING:
+    from .engine import Voice
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SynthesisRequest:
+    """Everything that decides the audio bytes (and so, later, the cache key)."""
+
+    text: str
+    voice_id: str
+    voice_version: str
+    sample_rate: int
+    """Hz, of the voice; written into the WAV header."""
+    speed: float = 1.0
+    format: AudioFormat = "wav"
+    """What the client gets: wav (a streaming WAV header, then the PCM) or pcm (the PCM alone).
+    The audio source always produces PCM; the header is added on the way out."""
+
+
+class VoiceSource(Protocol):
+    async def voice(self, voice_id: str, wait_s: float) -> Voice: ...
+
+
+class Stage:
+    """A bounded number of concurrent calls, each with a deadline covering its wait and its run."""
+
+    def __init__(self, name: str, settings: StageSettings, threaded: bool = True, nice: int = 0) -> None:
+        self.name = name
+        self.concurrency = settings.concurrency
+        self.timeout_s = settings.timeout_s
+        self._slots = asyncio.Semaphore(settings.concurrency)
+        self._threads = (
+            concurrent.futures.ThreadPoolExecutor(settings.concurrency, thread_name_prefix=f"edged-{name}",
+                                                  initializer=lower_thread_priority, initargs=(nice,))
+            if threaded else None
+        )
+        self.running = 0
+        self.waiting = 0
+        self.calls = 0
+        self.timeouts = 0
+
+    async def run(self, fn: Callable[..., T], *args: object) -> T:
+        """`fn(*args)` in this stage's threads. On timeout or cancellation the call still runs to
+        its end in its thread (onnxruntime cannot be interrupted), and only then frees its slot."""
+        assert self._threads is not None, f"stage {self.name} runs no threads"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        await self._acquire(deadline)
+        future = loop.run_in_executor(self._threads, fn, *args)
+        future.add_done_callback(self._release_after_thread)
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await asyncio.shield(future)
+        except TimeoutError:
+            raise self._timed_out() from None
+
+    async def wait(self, awaitable: Awaitable[T]) -> T:
+        """Await `awaitable` (an async operation such as a socket write) within this stage's limits."""
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
+        try:
+            await self._acquire(deadline)
+        except BaseException:
+            _close(awaitable)
+            raise
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await awaitable
+        except TimeoutError:
+            raise self._timed_out() from None
+        finally:
+            self._release()
+
+    def start_threads(self) -> None:
+        """Start all of this stage's threads now. A thread pool otherwise adds threads as calls
+        race it, at any time; each new thread brings its own allocator arena, and memory then
+        steps up during service (seen: +0.3 to +5 MB once, thousands of requests in)."""
+        if self._threads is not None:
+            all_started = threading.Barrier(self.concurrency)
+            for _ in range(self.concurrency):
+                self._threads.submit(all_started.wait)  # each blocks, so each needs a new thread
+
+    def close(self) -> None:
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
+
+    def _timed_out(self) -> StageTimeout:
+        self.timeouts += 1
+        return StageTimeout(f"{self.name} stage took longer than {self.timeout_s:g} s")
+
+    async def _acquire(self, deadline: float) -> None:
+        self.waiting += 1
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise self._timed_out() from None
+        finally:
+            self.waiting -= 1
+        self.running += 1
+        self.calls += 1
+
+    def _release(self) -> None:
+        self.running -= 1
+        self._slots.release()
+
+    def _release_after_thread(self, future: asyncio.Future[Any]) -> None:
+        if not future.cancelled():
+            future.exception()  # retrieved here, so an abandoned call logs no "never retrieved"
+        self._release()
+
+
+class Admission:
+    """At most `capacity` syntheses at once and `queue_size` waiting; beyond that, Busy at once."""
+
+    def __init__(self, capacity: int, queue_size: int, queue_timeout_s: float) -> None:
+        self.capacity = capacity
+        self.queue_size = queue_size
+        self.queue_timeout_s = queue_timeout_s
+        self._slots = asyncio.Semaphore(capacity)
+        self.active = 0
+        self.waiting = 0
+        self.rejected = 0
+
+    async def enter(self) -> None:
+        if self._slots.locked():
+            if self.waiting >= self.queue_size:
+                self.rejected += 1
+                raise Busy(f"busy: {self.active} syntheses running and {self.waiting} waiting")
+            self.waiting += 1
+            try:
+                async with asyncio.timeout(self.queue_timeout_s):
+                    await self._slots.acquire()
+            except TimeoutError:
+                self.rejected += 1
+                raise Busy(f"busy: no synthesis slot within {self.queue_timeout_s:g} s") from None
+            finally:
+                self.waiting -= 1
+        else:
+            await self._slots.acquire()
+        self.active += 1
+
+    def leave(self) -> None:
+        self.active -= 1
+        self._slots.release()
+
+
+@dataclass
+class PipelineCounts:
+    completed: int = 0
+    cancelled: int = 0
+    """Streams stopped before their end: the client hung up or stopped reading."""
+    failed: int = 0
+    windows: int = 0
+    """Back-graph windows decoded, over all requests."""
+
+
+class Pipeline:
+    def __init__(self, settings: PipelineSettings, voices: VoiceSource) -> None:
+        self.settings = settings
+        self.voices = voices
+        self.admission = Admission(settings.max_active, settings.queue_size, settings.queue_timeout_s)
+        nice = settings.compute_nice
+        self.text = Stage("text", settings.text, nice=nice)
+        self.front = Stage("front", settings.front, nice=nice)
+        self.back = Stage("back", settings.back, nice=nice)
+        self.output = Stage("output", settings.output, threaded=False)
+        self.counts = PipelineCounts()
+
+    @property
+    def stages(self) -> tuple[Stage, ...]:
+        return (self.text, self.front, self.back, self.output)
+
+    def start_threads(self) -> None:
+        for stage in self.stages:
+            stage.start_threads()
+
+    async def synthesize_stream(self, request: SynthesisRequest) -> AsyncGenerator[bytes, None]:
+        """16-bit mono PCM of `request` as each window is decoded (whatever `request.format`:
+        the container is the output's business); errors before the first chunk (Busy, NotReady,
+        BadInput) are raised by the first `anext`."""
+        await self.admission.enter()
+        finished = False
+        try:
+            voice = await self.voices.voice(request.voice_id, self.settings.loading_wait_s)
+            from .engine import SynthesisParams  # imported by the voice loader already
+
+            params = SynthesisParams(speed=request.speed)
+            pieces = voice.pieces(request.text)  # lazy: each next() phonemizes a little more
+            while (ids := await self.text.run(next, pieces, None)) is not None:
+                latents = await self.front.run(voice.front, ids, params)
+                for window in voice.windows(latents):
+                    pcm = await self.back.run(voice.decode, latents, window)
+                    self.counts.windows += 1
+                    yield pcm
+            finished = True
+        except (asyncio.CancelledError, GeneratorExit):
+            self.counts.cancelled += 1
+            raise
+        except Exception:
+            self.counts.failed += 1
+            raise
+        finally:
+            self.admission.leave()
+            if finished:
+                self.counts.completed += 1
+
+    def close(self) -> None:
+        for stage in self.stages:
+            stage.close()
+
+
+def lower_thread_priority(nice: int) -> None:
+    """Make the calling thread (and the threads it starts later, such as onnxruntime's pools)
+    `nice` steps nicer than the event loop. Linux applies niceness per thread."""
+    if nice <= 0:
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + nice)
+    except OSError as exc:
+        log.warning("could not lower the priority of synthesis threads: %s", exc)
+
+
+def _close(awaitable: Awaitable[object]) -> None:
+    """Close a coroutine that will never be awaited (no "never awaited" warning)."""
+    close = getattr(awaitable, "close", None)
+    if close is not None:
+        close()

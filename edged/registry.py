@@ -1,0 +1,156 @@
+"""The daemon's voices: found by id, loaded in parallel threads, waited for (with a bound) while loading.
+
+A voice's manifest is read at once (it is small), so its id, version and sample rate are known
+while its graphs are still loading; only synthesis has to wait for the loaded `Voice`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .bundle import MANIFEST_NAME, read_manifest
+from .config import VoiceSettings
+from .errors import EdgedError, NotReady, UnknownVoice
+from .pipeline import lower_thread_priority
+from .voices import voice_dirs
+
+if TYPE_CHECKING:
+    from .engine import Voice
+
+log = logging.getLogger(__name__)
+
+_VOICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+"""Ids only, never paths: a client must not make the daemon load a directory of its choosing."""
+
+
+@dataclass(frozen=True)
+class VoiceInfo:
+    voice_id: str
+    version: str
+    sample_rate: int
+    """Hz."""
+    bundle_dir: Path
+
+
+class VoiceRegistry:
+    def __init__(self, settings: VoiceSettings, compute_nice: int = 0) -> None:
+        self.settings = settings
+        self.compute_nice = compute_nice
+        self.search = [Path(p) for p in settings.search_path] + voice_dirs()
+        self._infos: dict[str, VoiceInfo] = {}
+        self._loads: dict[str, concurrent.futures.Future[Voice]] = {}
+        self._lock = threading.Lock()
+        # Two loader threads: loads overlap (sha256 and onnxruntime release the GIL) on 2 cores.
+        # onnxruntime's pool threads, started while a session is made, inherit the loader's priority.
+        self._loader = concurrent.futures.ThreadPoolExecutor(
+            2, thread_name_prefix="edged-load", initializer=lower_thread_priority, initargs=(compute_nice,))
+
+    def info(self, voice_id: str) -> VoiceInfo:
+        """Id, version and sample rate of an installed voice; UnknownVoice if there is none."""
+        info = self._infos.get(voice_id)
+        if info is not None:
+            return info
+        if not _VOICE_ID.fullmatch(voice_id):
+            raise UnknownVoice(f"unknown voice {voice_id[:100]!r}: not a voice id")
+        for root in self.search:
+            bundle = root / voice_id
+            if (bundle / MANIFEST_NAME).is_file():
+                manifest = read_manifest(bundle)
+                info = VoiceInfo(voice_id, manifest.version, manifest.sample_rate, bundle)
+                self._infos[voice_id] = info
+                return info
+        raise UnknownVoice(f"unknown voice {voice_id!r}: no bundle with that id is installed")
+
+    def load(self, voice_id: str) -> concurrent.futures.Future[Voice]:
+        """Start loading a voice (once); the future holds the loaded Voice or its error."""
+        info = self.info(voice_id)
+        with self._lock:
+            future = self._loads.get(voice_id)
+            if future is None or (future.done() and future.exception() is not None):
+                future = self._loader.submit(self._load, info)
+                future.add_done_callback(_log_failure)
+                self._loads[voice_id] = future
+            return future
+
+    async def voice(self, voice_id: str, wait_s: float) -> Voice:
+        """The loaded voice, waiting up to `wait_s` seconds while it loads (then NotReady)."""
+        future = self._loads.get(voice_id)
+        if future is None:
+            if not self.settings.load_on_demand:
+                self.info(voice_id)  # UnknownVoice first if it is not installed at all
+                raise UnknownVoice(f"voice {voice_id!r} is installed but not loaded by this daemon")
+            future = self.load(voice_id)
+        if not future.done():
+            waiting = asyncio.wrap_future(future)
+            waiting.add_done_callback(_retrieve)  # its error is raised from `future` below
+            done, _ = await asyncio.wait([waiting], timeout=wait_s)
+            if not done:
+                raise NotReady(f"voice {voice_id!r} is still loading")
+        return future.result()
+
+    def loaded(self) -> dict[str, Voice]:
+        return {vid: f.result() for vid, f in list(self._loads.items()) if f.done() and not f.exception()}
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Every installed voice (by id), with its load state, precision and providers."""
+        ids = set(self._loads)
+        for root in self.search:
+            try:
+                ids.update(p.parent.name for p in root.glob(f"*/{MANIFEST_NAME}"))
+            except OSError:
+                continue
+        voices = []
+        for voice_id in sorted(ids):
+            try:
+                info = self.info(voice_id)
+            except EdgedError:
+                continue
+            entry: dict[str, Any] = {
+                "id": voice_id, "version": info.version, "sample_rate": info.sample_rate,
+                "default": voice_id == self.settings.default, "state": "installed",
+            }
+            future = self._loads.get(voice_id)
+            if future is not None:
+                if not future.done():
+                    entry["state"] = "loading"
+                elif future.exception() is not None:
+                    entry["state"] = "failed"
+                    entry["error"] = str(future.exception())
+                else:
+                    voice = future.result()
+                    entry.update(state="loaded", precision=voice.precision, providers=voice.providers)
+            voices.append(entry)
+        return voices
+
+    def close(self) -> None:
+        self._loader.shutdown(wait=False, cancel_futures=True)
+
+    def _load(self, info: VoiceInfo) -> Voice:
+        from .engine import EngineSettings, Voice
+
+        precision = self.settings.precision or None
+        voice = Voice.load(info.bundle_dir, EngineSettings(precision=precision,  # type: ignore[arg-type]
+                                                           verify=self.settings.verify))
+        if self.settings.probe_text:
+            # The first window of a probe phrase runs espeak-ng and both graphs: the voice can
+            # answer. Only one window: the rest would prove nothing more and delay READY.
+            for _ in voice.synthesize(self.settings.probe_text):
+                break
+        return voice
+
+
+def _retrieve(future: asyncio.Future[Voice]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _log_failure(future: concurrent.futures.Future[Voice]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.error("voice failed to load: %s", future.exception())

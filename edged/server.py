@@ -1,0 +1,231 @@
+"""`edged serve`: the socket, the HTTP server, the engine's lifecycle and signals.
+
+    serve(config_file, socket_path) -> exit code
+
+Start-up is ordered for a fast READY: the socket is bound first (so clients can connect and ask
+/v1/health at once), the voices start loading in threads, and only then is the HTTP layer
+imported, while they load. Shutdown (SIGTERM/SIGINT): stop accepting -> tell systemd -> let
+in-flight requests finish within `drain_timeout_s` -> cancel the rest -> exit 0. Everything waits
+on events; nothing polls on a timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import fcntl
+import functools
+import logging
+import os
+import signal
+import socket
+import stat
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from .config import Settings, load_settings, socket_path
+from .daemon import Daemon, State
+from .errors import AlreadyRunning, ConfigError
+
+log = logging.getLogger(__name__)
+
+BACKLOG = 128
+M_ARENA_MAX = -8
+"""glibc's mallopt parameter number (malloc.h)."""
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@dataclass
+class Listener:
+    sock: socket.socket
+    path: Path | None
+    """The socket file we created and must remove; None when systemd owns the socket."""
+    lock: IO[str] | None = None
+    """Held (flock) for the daemon's life: a second daemon on the same path sees it and stops."""
+
+    def close(self) -> None:
+        self.sock.close()
+        if self.path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+        if self.lock is not None:
+            self.lock.close()
+
+
+def serve(config_file: Path | None = None, socket_path: Path | None = None) -> int:
+    # A SIGTERM before the event loop runs must still mean "stop cleanly", not death by signal.
+    early_stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: early_stop.set()) for sig in STOP_SIGNALS}
+    try:
+        return _serve(config_file, socket_path, early_stop)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _serve(config_file: Path | None, socket_path: Path | None, early_stop: threading.Event) -> int:
+    settings = load_settings(config_file, socket_path)
+    if logging.getLogger().level > logging.INFO:
+        logging.getLogger("edged").setLevel(logging.INFO)
+    _limit_malloc_arenas(settings.server.malloc_arenas)  # before any thread starts
+    listener = open_listener(settings)
+    daemon = Daemon(settings)
+    try:
+        daemon.start_loading()  # threads: the engine imports and loads while the HTTP layer imports
+        return asyncio.run(_run(daemon, listener, early_stop))
+    finally:
+        listener.close()
+        daemon.close()
+
+
+def open_listener(settings: Settings) -> Listener:
+    """The socket systemd passed us, else our own: parent directory made, a stale socket file
+    replaced, a live daemon's socket left alone (AlreadyRunning), mode set before anyone connects."""
+    if os.environ.get("LISTEN_FDS"):
+        from systemd.daemon import listen_fds
+
+        fds = listen_fds()
+        if fds:
+            return Listener(socket.socket(fileno=fds[0]), None)
+    path = socket_path(settings)
+    try:
+        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        lock = open(path.with_name(path.name + ".lock"), "a", encoding="ascii")  # noqa: SIM115 (held for life)
+    except OSError as exc:
+        raise ConfigError(f"cannot use socket directory {path.parent}: {exc.strerror}") from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise AlreadyRunning(f"another edged is running on {path}") from None
+    try:
+        _remove_stale(path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old_umask = os.umask(0o177)  # no moment where the socket is open to everyone
+        try:
+            sock.bind(str(path))
+        finally:
+            os.umask(old_umask)
+        os.chmod(path, settings.server.socket_mode)
+        sock.listen(BACKLOG)
+    except BaseException:
+        lock.close()
+        raise
+    log.info("listening on %s", path)
+    return Listener(sock, path, lock)
+
+
+def _remove_stale(path: Path) -> None:
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise ConfigError(f"{path} exists and is not a socket; not replacing it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except ConnectionRefusedError:
+        log.info("removing stale socket %s", path)
+        path.unlink()
+        return
+    except OSError as exc:
+        raise AlreadyRunning(f"{path} is in use ({exc.strerror}); not replacing it") from None
+    finally:
+        probe.close()
+    raise AlreadyRunning(f"a daemon is answering on {path}; not taking it over")
+
+
+async def _run(daemon: Daemon, listener: Listener, early_stop: threading.Event) -> int:
+    loop = asyncio.get_running_loop()
+    notify = _notifier()
+    notify(f"STATUS={daemon.state.value}")
+    daemon.on_state.append(lambda state: notify(f"STATUS={state.value}"))
+    stop = asyncio.Event()
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, stop.set)
+    if early_stop.is_set():
+        stop.set()
+    # Until configuration reload exists (SIGHUP), a reload must not kill the daemon.
+    loop.add_signal_handler(signal.SIGHUP, lambda: log.warning("SIGHUP: reload is not supported yet"))
+
+    # The HTTP layer (uvicorn, prometheus_client) is imported here, while the voices load.
+    from .httpserver import start_http
+
+    http = await start_http(daemon, listener.sock)
+    stop_watchdog = _start_watchdog(loop, notify)
+    exit_code = 0
+    ready = asyncio.create_task(daemon.until_ready())
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({ready, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if ready.done() and ready.exception() is not None:
+            log.error("the default voice cannot answer: %s", ready.exception())
+            exit_code = 1
+        elif ready.done():
+            notify("READY=1")
+            log.info("READY after %.0f ms", (daemon.ready_after_s or 0) * 1000)
+            await stopping
+        daemon.set_state(State.DRAINING)
+        notify("STOPPING=1")
+        await http.drain(daemon.settings.server.drain_timeout_s)
+    finally:
+        ready.cancel()
+        stopping.cancel()
+        stop_watchdog()
+        for sig in (*STOP_SIGNALS, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
+        http.close()
+        daemon.set_state(State.STOPPED)
+    return exit_code
+
+
+def _limit_malloc_arenas(arenas: int) -> None:
+    """mallopt(M_ARENA_MAX) where the C library is glibc; $MALLOC_ARENA_MAX, if set, wins."""
+    if arenas <= 0 or os.environ.get("MALLOC_ARENA_MAX") or sys.platform != "linux":
+        return
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    if mallopt(M_ARENA_MAX, arenas) != 1:
+        log.warning("mallopt(M_ARENA_MAX, %d) failed", arenas)
+
+
+def _notifier() -> Callable[[str], None]:
+    """sd_notify when systemd asked for it (Type=notify), else nothing (no import either)."""
+    if not os.environ.get("NOTIFY_SOCKET"):
+        return lambda message: None
+    from systemd import daemon as sd
+
+    return functools.partial(_notify, sd.notify)
+
+
+def _notify(send: Callable[[str], Any], message: str) -> None:
+    try:
+        send(message)
+    except OSError as exc:  # a vanished notify socket must not take the daemon down
+        log.warning("sd_notify failed: %s", exc)
+
+
+def _start_watchdog(loop: asyncio.AbstractEventLoop, notify: Callable[[str], None]) -> Callable[[], None]:
+    """WATCHDOG=1 at half of systemd's interval, sent from the event loop (a stuck loop misses it).
+    Returns the function that stops it."""
+    usec = os.environ.get("WATCHDOG_USEC", "")
+    if not usec.isdigit() or os.environ.get("WATCHDOG_PID", str(os.getpid())) != str(os.getpid()):
+        return lambda: None
+    interval = int(usec) / 2e6
+    timer: asyncio.TimerHandle | None = None
+
+    def ping() -> None:
+        nonlocal timer
+        notify("WATCHDOG=1")
+        timer = loop.call_later(interval, ping)
+
+    ping()
+    return lambda: timer.cancel() if timer is not None else None

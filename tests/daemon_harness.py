@@ -1,0 +1,135 @@
+"""The real daemon in a subprocess on a temporary socket, and small clients to talk to it."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edged.client import DaemonUnreachable, UnixConnection
+
+REPO = Path(__file__).resolve().parent.parent
+
+SENTENCE = ("When you get home this evening, please remember to water the tomatoes and the herbs on the "
+            "balcony, feed the cat before seven, and check whether the parcel from your sister has arrived.")
+LONG_TEXT = " ".join([SENTENCE] * 12)
+"""About three minutes of audio: long enough that a stream is still running when a test acts."""
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class Daemon:
+    def __init__(self, directory: Path, config: str = "", env: dict[str, str] | None = None) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self.socket = directory / "run" / "edged.sock"
+        self.config = directory / "edged.toml"
+        self.config.write_text(config, encoding="utf-8")
+        self.log = directory / "edged.log"
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Daemon:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "edged", "serve", "--socket", str(self.socket), "--config", str(self.config)],
+                cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+            )
+        return self
+
+    def wait_state(self, state: str = "READY", timeout: float = 60.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.log_text()}")
+            try:
+                health = self.get("/v1/health").json()
+                if health["state"] == state:
+                    return health
+            except (OSError, DaemonUnreachable):
+                pass
+            time.sleep(0.02)
+        raise AssertionError(f"daemon not {state} after {timeout} s:\n{self.log_text()}")
+
+    def request(self, method: str, path: str, body: bytes | str | dict[str, Any] | None = None,
+                headers: dict[str, str] | None = None, timeout: float = 60.0) -> Reply:
+        if isinstance(body, dict):
+            body = json.dumps(body)
+        if isinstance(body, str):
+            body = body.encode("utf-8")
+        connection = UnixConnection(self.socket, timeout=timeout)
+        try:
+            connection.request(method, path, body=body, headers=headers or {})
+            response = connection.getresponse()
+            return Reply(response.status, {k.lower(): v for k, v in response.getheaders()}, response.read())
+        finally:
+            connection.close()
+
+    def get(self, path: str) -> Reply:
+        return self.request("GET", path)
+
+    def status(self) -> dict[str, Any]:
+        return self.get("/v1/status").json()
+
+    def connect(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(30)
+        sock.connect(str(self.socket))
+        return sock
+
+    def stop(self, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"daemon did not stop on SIGTERM:\n{self.log_text()}") from None
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+def post_raw(body: bytes, path: str = "/v1/synthesize") -> bytes:
+    """A request written by hand, for a client that behaves badly on purpose."""
+    return (f"POST {path} HTTP/1.1\r\nHost: edged\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def read_head(sock: socket.socket) -> tuple[int, bytes]:
+    """The status of a response and whatever body bytes came with its headers."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise AssertionError(f"connection closed before the headers: {data!r}")
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), rest
+
+
+def wait_for(predicate: Any, timeout: float = 10.0, interval: float = 0.02) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError("condition not met in time")

@@ -1,0 +1,67 @@
+"""Daemon settings: one tree, documented defaults, TOML and overrides, clear errors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from edged.config import (
+    Settings,
+    default_socket_path,
+    load_settings,
+    override,
+    socket_path,
+)
+from edged.errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_packaged_config_documents_exactly_the_defaults() -> None:
+    assert load_settings(REPO / "packaging" / "edged.toml", env={}) == Settings()
+
+
+def test_partial_tables_keep_other_defaults(tmp_path: Path) -> None:
+    config = tmp_path / "edged.toml"
+    config.write_text("[pipeline.back]\ntimeout_s = 3\n[limits]\nmax_text_chars = 500\n")
+    settings = load_settings(config, env={})
+    assert settings.pipeline.back.timeout_s == 3.0 and settings.pipeline.back.concurrency == 2
+    assert settings.limits.max_text_chars == 500
+    assert settings.pipeline.front == Settings().pipeline.front
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[pipeline]\nqueue_sise = 3\n", "unknown setting 'pipeline.queue_sise'"),
+    ("[server]\ndrain_timeout_s = \"soon\"\n", "server.drain_timeout_s must be float"),
+    ("[pipeline.back]\nconcurrency = 0\n", "pipeline.back.concurrency must be > 0"),
+    ("[voices]\nprecision = \"fp16\"\n", "voices.precision"),
+    ("[server\n", "not valid TOML"),
+    ("pipeline = 3\n", "[pipeline] must be a table"),
+])
+def test_bad_config_is_refused_with_the_setting_named(tmp_path: Path, text: str, message: str) -> None:
+    config = tmp_path / "edged.toml"
+    config.write_text(text)
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_settings(config, env={})
+
+
+def test_socket_precedence(tmp_path: Path) -> None:
+    config = tmp_path / "edged.toml"
+    config.write_text('[server]\nsocket = "/from/file.sock"\n')
+    assert socket_path(load_settings(config, env={})) == Path("/from/file.sock")
+    env = {"EDGED_SOCKET": "/from/env.sock"}
+    assert socket_path(load_settings(config, env=env)) == Path("/from/env.sock")
+    assert socket_path(load_settings(config, Path("/from/flag.sock"), env=env)) == Path("/from/flag.sock")
+    xdg = {"XDG_RUNTIME_DIR": "/run/user/1000"}
+    expected = "/run/edged/edged.sock" if os.geteuid() == 0 else "/run/user/1000/edged/edged.sock"
+    assert default_socket_path(xdg) == Path(expected)
+    assert default_socket_path({**xdg, "EDGED_SOCKET": "/e.sock"}) == Path("/e.sock")
+
+
+def test_override_by_dotted_name() -> None:
+    settings = override(Settings(), "pipeline.output.timeout_s", 1.5)
+    assert settings.pipeline.output.timeout_s == 1.5
+    with pytest.raises(ConfigError, match="unknown setting"):
+        override(Settings(), "pipeline.nothing", 1)

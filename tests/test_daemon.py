@@ -1,0 +1,195 @@
+"""The daemon's HTTP contract, against the real daemon process on a temporary socket."""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import time
+from pathlib import Path
+
+import pytest
+from daemon_harness import LONG_TEXT, Daemon, post_raw, read_head, wait_for
+
+SHORT = "Hello there, this is a test."
+
+
+def _samples(body: bytes, header: bool) -> int:
+    return (len(body) - (44 if header else 0)) // 2
+
+
+def test_health_and_status_report_ready(daemon: Daemon) -> None:
+    assert daemon.get("/v1/health").json()["state"] == "READY"
+    status = daemon.status()
+    assert status["state"] == "READY"
+    assert set(status["stages"]) == {"text", "front", "back", "output"}
+    assert status["admission"]["capacity"] >= 1
+    assert status["process"]["anon_mb"] > 0
+
+
+def test_voices_lists_the_default_voice_with_its_providers(daemon: Daemon) -> None:
+    listing = daemon.get("/v1/voices").json()
+    voice = next(v for v in listing["voices"] if v["id"] == listing["default"])
+    assert voice["state"] == "loaded"
+    assert voice["sample_rate"] == 22050
+    assert voice["providers"]["front"] and voice["providers"]["back"]
+
+
+def test_synthesize_streams_wav_in_chunks(daemon: Daemon) -> None:
+    reply = daemon.request("POST", "/v1/synthesize", {"text": SHORT})
+    assert reply.status == 200
+    assert reply.headers["content-type"] == "audio/wav"
+    assert reply.headers["transfer-encoding"] == "chunked"
+    assert reply.headers["x-edged-sample-rate"] == "22050"
+    assert reply.headers["x-edged-cache"] == "miss"
+    assert reply.body[:4] == b"RIFF" and reply.body[8:16] == b"WAVEfmt "
+    assert struct.unpack("<I", reply.body[24:28])[0] == 22050
+    seconds = _samples(reply.body, header=True) / 22050
+    assert 1.0 < seconds < 4.0
+    pcm = memoryview(reply.body[44:]).cast("h")
+    assert max(abs(s) for s in pcm) > 1000  # speech, not silence
+
+
+def test_pcm_format_is_headerless_and_speed_shortens_it(daemon: Daemon) -> None:
+    normal = daemon.request("POST", "/v1/synthesize", {"text": SHORT, "format": "pcm"})
+    fast = daemon.request("POST", "/v1/synthesize", {"text": SHORT, "format": "pcm", "speed": 2.0})
+    assert normal.status == fast.status == 200
+    assert normal.headers["content-type"] == "application/octet-stream"
+    assert normal.body[:4] != b"RIFF" and len(normal.body) % 2 == 0
+    assert len(fast.body) < 0.7 * len(normal.body)
+
+
+def test_openai_speech_maps_openai_voice_names_to_the_default(daemon: Daemon) -> None:
+    reply = daemon.request("POST", "/v1/audio/speech",
+                           {"model": "tts-1", "input": SHORT, "voice": "alloy", "response_format": "wav"})
+    assert reply.status == 200
+    assert reply.headers["x-edged-voice"] == daemon.get("/v1/voices").json()["default"]
+    assert reply.body[:4] == b"RIFF"
+    unknown = daemon.request("POST", "/v1/audio/speech", {"input": SHORT, "voice": "not-a-voice"})
+    assert unknown.status == 404 and unknown.json()["error"]["code"] == "unknown_voice"
+    mp3 = daemon.request("POST", "/v1/audio/speech", {"input": SHORT, "voice": "nova", "response_format": "mp3"})
+    assert mp3.status == 400 and "response_format" in mp3.json()["error"]["message"]
+
+
+BAD_INPUT = [
+    ("empty text", b'{"text": ""}', 400, "bad_request"),
+    ("blank text", b'{"text": "  \\n "}', 400, "bad_request"),
+    ("malformed JSON", b'{"text": "hi"', 400, "bad_request"),
+    ("not an object", b'["hi"]', 400, "bad_request"),
+    ("missing field", b'{"voice": "en_US-joe-medium"}', 400, "bad_request"),
+    ("text not a string", b'{"text": 5}', 400, "bad_request"),
+    ("unknown field", b'{"text": "hi", "volume": 3}', 400, "bad_request"),
+    ("bad UTF-8", b'{"text": "caf\xe9"}', 400, "bad_request"),
+    ("lone surrogate", b'{"text": "a\\ud800b"}', 400, "bad_request"),
+    ("speed out of range", b'{"text": "hi", "speed": 9}', 400, "bad_request"),
+    ("bad format", b'{"text": "hi", "format": "mp3"}', 400, "bad_request"),
+    ("unknown voice", b'{"text": "hi", "voice": "xx_XX-nobody"}', 404, "unknown_voice"),
+    ("path as voice", b'{"text": "hi", "voice": "../models/en_US-joe-medium"}', 404, "unknown_voice"),
+    ("text over the limit", json.dumps({"text": "a" * 100_001}).encode(), 413, "text_too_long"),
+    ("body over the limit", b'{"text": "' + b"a" * 1_100_000 + b'"}', 413, "body_too_large"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "code"), [b[1:] for b in BAD_INPUT], ids=[b[0] for b in BAD_INPUT])
+def test_bad_input_gets_its_status_and_a_json_error(daemon: Daemon, body: bytes, status: int, code: str) -> None:
+    reply = daemon.request("POST", "/v1/synthesize", body, {"Content-Type": "application/json"})
+    assert reply.status == status
+    assert reply.headers["content-type"] == "application/json"
+    error = reply.json()["error"]
+    assert error["code"] == code and error["message"]
+
+
+def test_wrong_method_and_unknown_route(daemon: Daemon) -> None:
+    wrong = daemon.request("GET", "/v1/synthesize")
+    assert wrong.status == 405 and wrong.headers["allow"] == "POST"
+    assert wrong.json()["error"]["code"] == "method_not_allowed"
+    missing = daemon.get("/v1/nothing-here")
+    assert missing.status == 404 and missing.json()["error"]["code"] == "not_found"
+
+
+def test_metrics_are_prometheus_text(daemon: Daemon) -> None:
+    daemon.request("POST", "/v1/synthesize", {"text": SHORT})
+    reply = daemon.get("/metrics")
+    assert reply.status == 200 and reply.headers["content-type"].startswith("text/plain")
+    text = reply.body.decode()
+    for needle in ('edged_requests_total{route="/v1/synthesize",status="200"}',
+                   'edged_queue_length{stage="back"}', 'edged_queue_length{stage="admission"}',
+                   'edged_time_to_first_audio_seconds_bucket{cache="miss"',
+                   'edged_resident_memory_bytes{kind="anon"}', 'edged_resident_memory_bytes{kind="file"}',
+                   'edged_voice_provider{', "edged_threads ", "edged_gc_pause_seconds_count",
+                   "edged_synthesis_cancelled_total", "process_cpu_seconds_total"):
+        assert needle in text, needle
+
+
+def test_trickling_headers_do_not_block_others_and_are_cut_off(daemon: Daemon) -> None:
+    slow = daemon.connect()
+    slow.sendall(b"POST /v1/synthesize HTTP/1.1\r\nHost: x\r\n")  # ... and never the rest
+    idle = daemon.connect()  # connects and sends nothing at all
+    started = time.monotonic()
+    reply = daemon.request("POST", "/v1/synthesize", {"text": "Still served."})
+    assert reply.status == 200 and len(reply.body) > 44
+    for sock in (slow, idle):  # closed by the daemon after header_timeout_s (1 s here)
+        sock.settimeout(10)
+        assert sock.recv(1024) == b""
+        sock.close()
+    assert time.monotonic() - started < 10
+
+
+def test_body_that_does_not_arrive_gets_408(daemon: Daemon) -> None:
+    with daemon.connect() as sock:
+        sock.sendall(post_raw(b'{"text": "hello"}')[:-5])  # headers promise 5 more bytes
+        status, _ = read_head(sock)
+    assert status == 408
+
+
+def test_client_disconnect_stops_its_synthesis(daemon: Daemon) -> None:
+    before = daemon.status()["synthesis"]
+    sock = daemon.connect()
+    sock.sendall(post_raw(json.dumps({"text": LONG_TEXT, "format": "pcm"}).encode()))
+    status, _ = read_head(sock)
+    assert status == 200
+    sock.close()  # hang up after the first audio; the rest would be ~3 minutes of speech
+
+    def stopped() -> dict | None:
+        status = daemon.status()
+        synthesis = status["synthesis"]
+        done = synthesis["cancelled"] > before["cancelled"] and status["admission"]["active"] == 0
+        return synthesis if done else None
+
+    after = wait_for(stopped, timeout=10)
+    assert after["disconnects"] == before["disconnects"] + 1
+    time.sleep(0.5)  # no window is decoded after the cancellation
+    assert daemon.status()["synthesis"]["windows"] == after["windows"]
+    # The whole text needs ~60 windows; hanging up after the first leaves most undone.
+    assert after["windows"] - before["windows"] < 20
+
+
+def test_client_that_never_reads_is_cut_off_without_buffering(daemon: Daemon) -> None:
+    before = daemon.status()["synthesis"]
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(str(daemon.socket))
+    sock.sendall(post_raw(json.dumps({"text": LONG_TEXT, "format": "pcm"}).encode()))
+    # Never read: the daemon's writes stall, and after the output timeout (1.5 s here) it gives up.
+    after = wait_for(lambda: (s := daemon.status())["synthesis"]["write_stalls"] > before["write_stalls"]
+                     and s["admission"]["active"] == 0 and s["synthesis"], timeout=15)
+    assert after["cancelled"] == before["cancelled"] + 1
+    received = 0
+    sock.settimeout(10)
+    while chunk := sock.recv(65536):
+        received += len(chunk)
+    sock.close()
+    # What was buffered is bounded by socket buffers and one window, far from the full stream.
+    assert received < 2_000_000
+    assert after["windows"] - before["windows"] < 20
+
+
+def test_synthesis_threads_run_nicer_than_the_event_loop(daemon: Daemon) -> None:
+    daemon.request("POST", "/v1/synthesize", {"text": SHORT})  # the stage threads exist now
+    assert daemon.proc is not None
+    nice = {}
+    for task in (Path("/proc") / str(daemon.proc.pid) / "task").iterdir():
+        fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        nice[int(task.name)] = int(fields[16])  # field 19 of stat: nice
+    assert nice[daemon.proc.pid] == 0  # the main thread runs the event loop
+    assert sum(1 for n in nice.values() if n == 10) >= 4  # stage threads and onnxruntime's pools

@@ -1,0 +1,189 @@
+"""The daemon's life: socket hygiene, loading, overload, SIGTERM (each test runs its own daemon)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from daemon_harness import REPO, Daemon, Reply, post_raw, read_head, wait_for
+
+MEDIUM = ("The parcel you ordered on Monday was left with your neighbour at number twelve, "
+          "because nobody was home, and she will keep it for you until the weekend.")
+
+
+def test_socket_is_made_private_and_a_live_daemon_is_not_taken_over(tmp_path: Path, bundle_dir: Path) -> None:
+    first = Daemon(tmp_path / "a").start()
+    try:
+        first.wait_state("READY")
+        assert stat.S_IMODE(first.socket.stat().st_mode) == 0o660
+        second = Daemon(tmp_path / "b")
+        second.socket = first.socket
+        second.start()
+        assert second.proc is not None and second.proc.wait(30) == 2
+        assert "another edged is running" in second.log_text()
+        assert first.get("/v1/health").json()["state"] == "READY"  # still ours, still serving
+    finally:
+        assert first.stop() == 0
+    assert not first.socket.exists()  # removed on stop
+
+
+def test_stale_socket_file_is_replaced(tmp_path: Path, bundle_dir: Path) -> None:
+    daemon = Daemon(tmp_path)
+    daemon.socket.parent.mkdir()
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(daemon.socket))  # a socket file nobody listens on, as a crash leaves it
+    stale.close()
+    daemon.start()
+    try:
+        daemon.wait_state("READY")
+        assert daemon.get("/v1/health").status == 200
+    finally:
+        assert daemon.stop() == 0
+
+
+def test_requests_for_a_loading_voice_wait_a_bounded_time_then_get_503(tmp_path: Path, bundle_dir: Path) -> None:
+    # A second installed voice (the same bundle under another id) loads on its first request;
+    # loading takes far longer than the 1 ms that requests may wait here.
+    voices = tmp_path / "voices"
+    other = voices / "en_US-other-medium"
+    other.mkdir(parents=True)
+    for file in bundle_dir.iterdir():
+        (other / file.name).symlink_to(file)
+    config = f'[pipeline]\nloading_wait_s = 0.001\n[voices]\nsearch_path = ["{voices}"]\n'
+    daemon = Daemon(tmp_path / "d", config).start()
+    try:
+        daemon.wait_state("READY")
+        body = {"text": "Hello.", "voice": "en_US-other-medium"}
+        reply = daemon.request("POST", "/v1/synthesize", body)
+        assert reply.status == 503 and reply.headers["retry-after"] == "1"
+        assert reply.json()["error"]["code"] == "not_ready"
+        voices_listed = {v["id"]: v["state"] for v in daemon.get("/v1/voices").json()["voices"]}
+        assert voices_listed["en_US-other-medium"] in ("loading", "loaded")
+        wait_for(lambda: daemon.request("POST", "/v1/synthesize", body).status == 200, timeout=30, interval=0.2)
+    finally:
+        assert daemon.stop() == 0
+
+
+def test_overload_is_refused_at_once_and_service_resumes(tmp_path: Path, bundle_dir: Path) -> None:
+    daemon = Daemon(tmp_path, "[pipeline]\nmax_active = 1\nqueue_size = 1\n").start()
+    try:
+        daemon.wait_state("READY")
+        clients = [daemon.connect() for _ in range(8)]
+        for sock in clients:  # 8 requests at once against room for 1 running + 1 waiting
+            sock.sendall(post_raw(json.dumps({"text": MEDIUM, "format": "pcm"}).encode()))
+        statuses = []
+        for sock in clients:
+            status, body = read_head(sock)
+            statuses.append(status)
+            if status == 503:
+                assert json.loads(body)["error"]["code"] == "busy"
+            sock.close()
+        assert sorted(statuses) == [200, 200] + [503] * 6
+        status = daemon.status()
+        assert status["admission"]["rejected"] == 6
+        # After the burst (the two admitted streams were dropped by their clients) all is normal.
+        reply = daemon.request("POST", "/v1/synthesize", {"text": "Back to normal."})
+        assert reply.status == 200 and len(reply.body) > 44
+    finally:
+        assert daemon.stop() == 0
+
+
+def test_sigterm_finishes_inflight_requests_and_exits_0(tmp_path: Path, bundle_dir: Path) -> None:
+    daemon = Daemon(tmp_path).start()
+    daemon.wait_state("READY")
+    replies: list[Reply] = []
+    started = threading.Event()
+
+    def long_request() -> None:
+        started.set()
+        replies.append(daemon.request("POST", "/v1/synthesize", {"text": MEDIUM * 2, "format": "pcm"}))
+
+    worker = threading.Thread(target=long_request)
+    worker.start()
+    started.wait()
+    wait_for(lambda: daemon.status()["admission"]["active"] == 1)
+    assert daemon.stop() == 0
+    worker.join(30)
+    # The request in flight got all of its audio (an incomplete chunked body would have raised).
+    assert replies and replies[0].status == 200
+    assert len(replies[0].body) / 2 / 22050 > 10
+    assert not daemon.socket.exists()
+    assert "DRAINING" in daemon.log_text()
+
+
+def test_socket_directory_is_created(tmp_path: Path, bundle_dir: Path) -> None:
+    daemon = Daemon(tmp_path)
+    daemon.socket = tmp_path / "deep" / "er" / "edged.sock"
+    daemon.start()
+    try:
+        daemon.wait_state("READY")
+        assert stat.S_ISSOCK(os.stat(daemon.socket).st_mode)
+    finally:
+        assert daemon.stop() == 0
+
+
+def test_daemon_exits_non_zero_when_its_default_voice_cannot_load(tmp_path: Path, bundle_dir: Path) -> None:
+    voices = tmp_path / "voices"
+    broken = voices / "xx_XX-broken"
+    broken.mkdir(parents=True)
+    (broken / "manifest.json").write_bytes((bundle_dir / "manifest.json").read_bytes())
+    for name in json.loads((bundle_dir / "manifest.json").read_text())["files"]:
+        (broken / name).write_bytes(b"damaged")  # wrong size: refused by the manifest check
+    config = f'[voices]\ndefault = "xx_XX-broken"\nsearch_path = ["{voices}"]\n'
+    daemon = Daemon(tmp_path / "d", config).start()
+    assert daemon.proc is not None and daemon.proc.wait(60) == 1
+    assert "cannot answer" in daemon.log_text() and "wrong size" in daemon.log_text()
+    assert not daemon.socket.exists()
+
+    missing = Daemon(tmp_path / "m", '[voices]\ndefault = "xx_XX-nobody"\n').start()
+    assert missing.proc is not None and missing.proc.wait(60) == 2
+    assert "unknown voice 'xx_XX-nobody'" in missing.log_text()
+
+
+def test_systemd_notify_ready_watchdog_and_stopping(tmp_path: Path, bundle_dir: Path) -> None:
+    notify_path = tmp_path / "notify.sock"
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(notify_path))
+    notify.settimeout(30)
+    env = {**os.environ, "NOTIFY_SOCKET": str(notify_path), "WATCHDOG_USEC": "200000"}
+    with notify:
+        daemon = Daemon(tmp_path / "d", env=env).start()
+        try:
+            messages: list[str] = []
+            while "READY=1" not in messages:
+                messages.append(notify.recv(4096).decode())
+            assert "STATUS=LOADING" in messages and "WATCHDOG=1" in messages
+            assert daemon.get("/v1/health").json()["state"] == "READY"
+        finally:
+            assert daemon.stop() == 0
+        while "STOPPING=1" not in messages:
+            messages.append(notify.recv(4096).decode())
+
+
+@pytest.mark.skipif(shutil.which("systemd-socket-activate") is None, reason="needs systemd-socket-activate")
+def test_socket_passed_by_systemd_is_served_and_left_in_place(tmp_path: Path, bundle_dir: Path) -> None:
+    path = tmp_path / "activated.sock"
+    log = open(tmp_path / "edged.log", "wb")  # noqa: SIM115
+    # The activator listens, and on the first connection execs the daemon with LISTEN_FDS=1.
+    proc = subprocess.Popen(["systemd-socket-activate", "-l", str(path), sys.executable, "-m", "edged", "serve"],
+                            cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(path.exists)
+        daemon = Daemon(tmp_path / "client")
+        daemon.socket, daemon.proc = path, proc
+        daemon.wait_state("READY")
+        assert daemon.request("POST", "/v1/synthesize", {"text": "Activated."}).status == 200
+        assert daemon.stop() == 0
+        assert path.exists()  # systemd's socket, not ours to remove
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()

@@ -1,0 +1,62 @@
+"""edgectl against the real daemon, run as a command the way a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from daemon_harness import REPO, Daemon
+
+
+def edgectl(*args: str, socket_path: Path, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, "EDGED_SOCKET": str(socket_path)}  # honoured when --socket is not given
+    return subprocess.run([sys.executable, "-c", "import sys; from edged.client import main; sys.exit(main())",
+                           *args], check=False, cwd=REPO, env=env, input=stdin, capture_output=True, timeout=60)
+
+
+def test_synth_writes_a_wav_file_with_real_sizes(daemon: Daemon, tmp_path: Path) -> None:
+    out = tmp_path / "hello.wav"
+    done = edgectl("synth", "Hello from the command line.", "-o", str(out), socket_path=daemon.socket)
+    assert done.returncode == 0, done.stderr
+    data = out.read_bytes()
+    assert data[:4] == b"RIFF"
+    assert int.from_bytes(data[4:8], "little") == len(data) - 8
+    assert int.from_bytes(data[40:44], "little") == len(data) - 44 > 22050  # over half a second
+
+
+def test_synth_streams_pcm_to_stdout_and_reads_text_from_stdin(daemon: Daemon) -> None:
+    done = edgectl("synth", "-", "--format", "pcm", socket_path=daemon.socket, stdin=b"Read from stdin.")
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout) > 22050 and len(done.stdout) % 2 == 0 and done.stdout[:4] != b"RIFF"
+
+
+def test_status_and_voices(daemon: Daemon) -> None:
+    status = edgectl("status", socket_path=daemon.socket)
+    assert status.returncode == 0 and b"READY" in status.stdout
+    voices = edgectl("voices", "--json", socket_path=daemon.socket)
+    assert voices.returncode == 0
+    listing = json.loads(voices.stdout)
+    assert listing["default"] in [v["id"] for v in listing["voices"]]
+
+
+def test_daemon_errors_are_reported(daemon: Daemon, tmp_path: Path) -> None:
+    done = edgectl("synth", "Hi.", "--voice", "xx_XX-nobody", "-o", str(tmp_path / "x.wav"),
+                   socket_path=daemon.socket)
+    assert done.returncode == 1 and b"unknown voice" in done.stderr
+
+
+def test_clear_message_when_no_daemon_runs(tmp_path: Path) -> None:
+    missing = edgectl("status", socket_path=tmp_path / "none.sock")
+    assert missing.returncode == 3
+    assert b"edged is not running: no socket at" in missing.stderr
+    stale = tmp_path / "stale.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(stale))
+    sock.close()
+    refused = edgectl("--socket", str(stale), "voices", socket_path=tmp_path / "ignored.sock")
+    assert refused.returncode == 3
+    assert b"refuses connections" in refused.stderr
