@@ -17,7 +17,8 @@ def _synth(args: argparse.Namespace) -> int:
 
     text = _read_text(args.text)
     params = SynthesisParams(speed=args.speed)
-    voice = Voice.load(find_bundle(args.voice), EngineSettings(precision=args.precision))
+    settings = EngineSettings(precision=args.precision, fixed_shape=args.fixed_shape)
+    voice = Voice.load(find_bundle(args.voice), settings)
     chunks = voice.synthesize(text, params)
     if args.raw:
         out = sys.stdout.buffer
@@ -78,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--voice", default=DEFAULT_VOICE, help="voice id or bundle directory")
     synth.add_argument("--precision", choices=["fp32", "int8"], help="default: the bundle's choice")
     synth.add_argument("--speed", type=float, default=1.0, help="speaking rate (2.0 = twice as fast)")
+    synth.add_argument("--fixed-shape", action="store_true",
+                       help="decode at one window shape only, as an NPU needs (same audio)")
     synth.set_defaults(run=_synth)
     return parser
 

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES="libsystemd-dev pkg-config libportaudio2 libasound2-plugins alsa-utils systemd"
+APT_PACKAGES="libsystemd-dev pkg-config libportaudio2 systemd"
 
 install_system() {
     local missing=""
