@@ -13,7 +13,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from urllib.parse import parse_qs
 
+from .admin import require_admin
 from .asgi import (
     ClientGone,
     Receive,
@@ -24,10 +27,18 @@ from .asgi import (
     send_json,
     wait_disconnect,
 )
+from .cacheservice import CacheService
 from .config import OPENAI_VOICE_NAMES
 from .daemon import AudioStream, CacheStatus, Daemon
-from .errors import EdgedError, MethodNotAllowed, NotFound, StageTimeout, UnknownVoice
-from .messages import parse_json, speech_body, synthesize_body
+from .errors import (
+    EdgedError,
+    MethodNotAllowed,
+    NotFound,
+    NotReady,
+    StageTimeout,
+    UnknownVoice,
+)
+from .messages import cache_scope, parse_json, speech_body, synthesize_body, warm_body
 from .metrics import Metrics
 from .pipeline import SynthesisRequest
 from .wav import wav_header
@@ -54,6 +65,8 @@ class App:
             "/v1/synthesize": {"POST": self.synthesize},
             "/v1/audio/speech": {"POST": self.speech},
             "/metrics": {"GET": self.metrics_text},
+            "/v1/cache": {"DELETE": self.cache_clear},
+            "/v1/cache/warm": {"POST": self.cache_warm},
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -105,6 +118,40 @@ class App:
                                 (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
 
+    # -- the cache (administrative) ------------------------------------------------------------------
+
+    async def cache_clear(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """DELETE /v1/cache[?voice=V&version=X&tag=T] (or the same as a JSON body): drop entries."""
+        require_admin(scope.get("edged.peer"), self.settings.server.admin_group)
+        limits, server = self.settings.limits, self.settings.server
+        raw = await read_body(scope, receive, limits.max_body_bytes, server.body_timeout_s)
+        query = {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode("latin-1")).items()}
+        target = cache_scope({**query, **(parse_json(raw) if raw.strip() else {})})
+        service = self._cache_service()
+        dropped = await service.invalidate(target.voice, target.version, target.tag)
+        await send_json(send, 200, dropped)
+
+    async def cache_warm(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """POST /v1/cache/warm: queue phrases; the missing ones are synthesized at low priority.
+        Answers at once (202) with the progress, which /v1/status and /metrics follow."""
+        require_admin(scope.get("edged.peer"), self.settings.server.admin_group)
+        limits, server = self.settings.limits, self.settings.server
+        raw = await read_body(scope, receive, limits.max_body_bytes, server.body_timeout_s)
+        phrases = warm_body(raw, limits.max_text_chars)
+        service = self._cache_service()
+        for phrase in phrases:  # unknown voices are refused now, not found out later
+            self.daemon.registry.info(phrase.voice or self.settings.voices.default)
+        service.add_warm(phrases)
+        await send_json(send, 202, {"queued": len(phrases), "warm": asdict(service.warm)})
+
+    def _cache_service(self) -> CacheService:
+        service = self.daemon.cache
+        if not self.settings.cache.enabled:
+            raise NotFound("the audio cache is disabled in the configuration ([cache] enabled)")
+        if service is None or service.cache is None:
+            raise NotReady("the audio cache could not be opened (see the log)")
+        return service
+
     # -- synthesis ----------------------------------------------------------------------------------
 
     async def synthesize(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -113,7 +160,7 @@ class App:
         info = self.daemon.registry.info(body.voice or self.settings.voices.default)
         request = SynthesisRequest(body.text, info.voice_id, info.version, info.sample_rate,
                                    body.speed, body.format)
-        await self._stream_audio(receive, send, request, "/v1/synthesize", started)
+        await self._stream_audio(receive, send, request, "/v1/synthesize", started, body.tag)
 
     async def speech(self, scope: Scope, receive: Receive, send: Send) -> None:
         """OpenAI's POST /v1/audio/speech: {"input", "voice", "response_format", "speed"}."""
@@ -141,9 +188,9 @@ class App:
         return parse_json(await read_body(scope, receive, limits.max_body_bytes, server.body_timeout_s))
 
     async def _stream_audio(self, receive: Receive, send: Send, request: SynthesisRequest,
-                            route: str, started: float) -> None:
+                            route: str, started: float, tag: str | None = None) -> None:
         """Stream the audio of `request`, cancelling its synthesis if the client hangs up."""
-        cache, chunks = await self.daemon.audio_for(request)
+        cache, chunks = await self.daemon.audio_for(request, tag)
         streaming = asyncio.create_task(self._send_audio(send, request, cache, chunks, route, started))
         hangup = asyncio.create_task(wait_disconnect(receive))
         try:

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .config import CacheConfig
-from .errors import BadInput
+from .errors import BadInput, Busy, NotReady
+from .messages import Phrase, parse_phrase_lines
 from .pipeline import Pipeline, SynthesisRequest
 
 if TYPE_CHECKING:
@@ -33,14 +34,8 @@ CACHED_FORMAT = "pcm"
 """Cached bytes are always bare PCM: a WAV header is added when the audio is sent."""
 IDLE_POLL_S = 0.05
 """How often a waiting warm-up looks again whether live requests left it room."""
-TAG_MAX = 64
-
-
-@dataclass(frozen=True)
-class Phrase:
-    text: str
-    voice: str | None = None
-    """Voice id; None: the daemon's default voice."""
+MAX_WARM_QUEUE = 20_000
+"""Phrases waiting for warm-up; more are refused (busy), so repeated calls cannot grow memory."""
 
 
 @dataclass
@@ -51,27 +46,6 @@ class WarmProgress:
     """Phrases handled (cached already, synthesized now, or failed)."""
     synthesized: int = 0
     failed: int = 0
-
-
-def check_tag(value: Any) -> str | None:
-    """A request's optional cache tag: a short printable string (used to invalidate by tag)."""
-    if value is None or value == "":
-        return None
-    if not isinstance(value, str) or len(value) > TAG_MAX or not value.isprintable():
-        raise BadInput(f"'tag' must be a printable string of at most {TAG_MAX} characters")
-    return value
-
-
-def parse_phrase_lines(text: str) -> list[Phrase]:
-    """A phrase list: one phrase a line, optionally "voice<TAB>text"; blank lines and lines
-    starting with # are skipped."""
-    phrases = []
-    for line in text.splitlines():
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        voice, tab, rest = line.partition("\t")
-        phrases.append(Phrase(rest.strip(), voice.strip() or None) if tab else Phrase(line.strip()))
-    return phrases
 
 
 class CacheService:
@@ -114,7 +88,7 @@ class CacheService:
         key = CacheKey.make(request.text, request.voice_id, request.voice_version, request.speed,
                             CACHED_FORMAT)
         if producer is None:
-            producer = lambda: self.pipeline.synthesize_stream(request)  # noqa: E731
+            producer = lambda: self.pipeline.synthesize_stream(request)
         return await self.cache.stream(key, producer, sample_rate=request.sample_rate, tag=tag)
 
     # -- administration ------------------------------------------------------------------------
@@ -140,6 +114,8 @@ class CacheService:
 
     def add_warm(self, phrases: list[Phrase]) -> None:
         """Queue phrases for warm-up (answers at once; progress is in `self.warm`)."""
+        if len(self._phrases) + len(phrases) > MAX_WARM_QUEUE:
+            raise Busy(f"warm-up queue full ({len(self._phrases)} phrases waiting)")
         self._phrases.extend(phrases)
         self.warm.total += len(phrases)
         if phrases and (self._warmer is None or self._warmer.done()):
@@ -155,22 +131,29 @@ class CacheService:
         self.add_warm(phrases)
 
     async def _warm_all(self) -> None:
+        unloadable: set[str] = set()  # voices that failed to load: not tried again for each phrase
         while self._phrases:
             phrase = self._phrases.popleft()
             try:
-                await self._warm_one(phrase)
+                await self._warm_one(phrase, unloadable)
             except Exception as exc:  # noqa: BLE001 (bad phrase, unknown voice, busy, cache closing)
                 self.warm.failed += 1
                 log.warning("warm-up of %r failed: %s", phrase.text[:60], exc)
             finally:
                 self.warm.done += 1
 
-    async def _warm_one(self, phrase: Phrase) -> None:
+    async def _warm_one(self, phrase: Phrase, unloadable: set[str]) -> None:
         info = self.registry.info(phrase.voice or self.default_voice)
         request = SynthesisRequest(phrase.text, info.voice_id, info.version, info.sample_rate, 1.0, "pcm")
 
         async def when_idle() -> AsyncIterator[bytes]:
-            await asyncio.wrap_future(self.registry.load(info.voice_id))
+            if info.voice_id in unloadable:
+                raise NotReady(f"voice {info.voice_id!r} failed to load")
+            try:
+                await asyncio.wrap_future(self.registry.load(info.voice_id))
+            except Exception:
+                unloadable.add(info.voice_id)
+                raise
             admission = self.pipeline.admission
             while admission.waiting or admission.active >= admission.capacity:
                 await asyncio.sleep(IDLE_POLL_S)  # live requests first

@@ -3,6 +3,8 @@
     edgectl synth "Hello." -o hello.wav      # or to stdout: edgectl synth "Hello." | aplay
     edgectl status [--json]
     edgectl voices [--json]
+    edgectl cache clear [--voice V [--version X]] [--tag T]   # nothing given: everything
+    edgectl cache warm FILE                                   # a phrase a line, or voice<TAB>text
 
 The socket is --socket, else $EDGED_SOCKET, else the daemon's default path.
 """
@@ -15,12 +17,15 @@ import json
 import os
 import socket
 import sys
+import time
+import urllib.parse
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from .config import default_socket_path
 
 CHUNK = 64 * 1024
+WARM_POLL_S = 0.25
 
 
 class DaemonUnreachable(Exception):
@@ -146,6 +151,14 @@ def _status(args: argparse.Namespace) -> int:
         print(f"memory     {process.get('rss_mb', 0):.0f} MiB resident "
               f"({process.get('anon_mb', 0):.0f} anonymous, {process.get('file_mb', 0):.0f} file), "
               f"{process.get('threads', 0):.0f} threads")
+    cache = status.get("cache", {})
+    if cache.get("open"):
+        print(f"cache      memory {cache['memory_hits']} hits / {cache['memory_misses']} misses, "
+              f"{cache['memory_bytes'] / 2**20:.1f} MiB; disk {cache['disk_state']} {cache['disk_hits']} hits, "
+              f"{cache['disk_entries']} entries, {cache['disk_bytes'] / 2**20:.1f} MiB; "
+              f"warm {cache['warm']['done']}/{cache['warm']['total']}")
+    elif "cache" in status:
+        print("cache      off")
     return 0
 
 
@@ -166,6 +179,41 @@ def _voice_line(voice: dict[str, Any]) -> str:
     if voice.get("providers"):
         line += f" {voice.get('precision', '')} " + ", ".join(f"{g}={p}" for g, p in voice["providers"].items())
     return line
+
+
+def _cache_clear(args: argparse.Namespace) -> int:
+    scope = {k: v for k, v in (("voice", args.voice), ("version", args.version), ("tag", args.tag)) if v}
+    url = "/v1/cache" + (f"?{urllib.parse.urlencode(scope)}" if scope else "")
+    result = json.loads(request(args.socket, "DELETE", url).read())
+    what = ", ".join(f"{k} {v}" for k, v in scope.items()) or "everything"
+    print(f"cleared {what}: {result['memory_dropped']} in memory, {result['disk_dropped']} on disk"
+          + ("" if result.get("persisted", True) else " (not persisted: holds until restart)"))
+    return 0
+
+
+def _cache_warm(args: argparse.Namespace) -> int:
+    from .messages import parse_phrase_lines  # standard library only, like this module
+
+    try:
+        text = sys.stdin.read() if str(args.file) == "-" else args.file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"edgectl: cannot read {args.file}: {exc}", file=sys.stderr)
+        return 2
+    phrases = parse_phrase_lines(text)
+    body = {"phrases": [{"text": p.text, **({"voice": p.voice} if p.voice else {})} for p in phrases]}
+    answer = json.loads(request(args.socket, "POST", "/v1/cache/warm", body).read())
+    queued, target = answer["queued"], answer["warm"]["total"]
+    start = target - queued  # progress of the daemon's warm-up before ours
+    tty = sys.stderr.isatty()
+    while True:
+        warm = get_json(args.socket, "/v1/status")["cache"]["warm"]
+        done = min(max(warm["done"] - start, 0), queued)
+        if tty or done == queued:
+            print(f"\rwarming {done}/{queued} phrases, {warm['failed']} failed", end="", file=sys.stderr, flush=True)
+        if warm["done"] >= target:
+            print(file=sys.stderr)
+            return 1 if warm["failed"] else 0
+        time.sleep(WARM_POLL_S)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -189,6 +237,17 @@ def build_parser() -> argparse.ArgumentParser:
     voices = commands.add_parser("voices", help="installed voices")
     voices.add_argument("--json", action="store_true", help="the raw /v1/voices JSON")
     voices.set_defaults(run=_voices)
+
+    cache = commands.add_parser("cache", help="clear or warm the daemon's audio cache (root or admin group)")
+    cache_commands = cache.add_subparsers(dest="cache_command", required=True)
+    clear = cache_commands.add_parser("clear", help="drop cached audio: of a voice, a version, a tag, or all")
+    clear.add_argument("--voice", help="only this voice id")
+    clear.add_argument("--version", help="only this version of --voice")
+    clear.add_argument("--tag", help="only audio requested with this tag")
+    clear.set_defaults(run=_cache_clear)
+    warm = cache_commands.add_parser("warm", help="synthesize the phrases of FILE that are not cached yet")
+    warm.add_argument("file", type=Path, help="a phrase a line (or voice<TAB>text); - for stdin")
+    warm.set_defaults(run=_cache_warm)
     return parser
 
 

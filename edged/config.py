@@ -226,7 +226,7 @@ def build(cls: type, data: Any, where: str, base: Any = None) -> Any:
 
 def _value(hint: Any, value: Any, where: str, current: Any) -> Any:
     if typing.get_origin(hint) in (typing.Union, types.UnionType):  # "X | None": TOML has no null
-        inner = [h for h in typing.get_args(hint) if h is not type(None)][0]
+        inner = next(h for h in typing.get_args(hint) if h is not type(None))
         if value is None or (value in ("", 0) and type(value) is not bool):
             return None
         hint = inner

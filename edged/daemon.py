@@ -10,9 +10,11 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from . import __version__
+from .cacheservice import CacheService
 from .config import Settings
 from .errors import NotReady
 from .pipeline import Pipeline, SynthesisRequest
@@ -55,6 +57,10 @@ class Daemon:
         self.write_stalls = 0
         """Streams stopped because the client stopped reading for longer than the output timeout."""
         self.on_state: list[Callable[[State], None]] = []
+        self.cache: CacheService | None = (
+            CacheService(settings.cache, self.pipeline, self.registry, settings.voices.default)
+            if settings.cache.enabled else None)
+        """Opened by `open_cache` (needs the event loop); None when disabled in the config."""
 
     def set_state(self, state: State) -> None:
         if state is self.state:
@@ -80,11 +86,32 @@ class Daemon:
         if self.state is State.LOADING:
             self.set_state(State.READY)
 
-    async def audio_for(self, request: SynthesisRequest) -> tuple[CacheStatus, AudioStream]:
-        """The PCM of `request` and where it came from. Today always synthesized ("miss"); the
-        audio cache wraps this one place."""
+    async def open_cache(self) -> None:
+        """Open the audio cache; on failure the daemon serves without it (logged)."""
+        if self.cache is None:
+            return
+        try:
+            await self.cache.open()
+        except Exception:
+            log.exception("audio cache could not be opened; serving without it")
+            self.cache = None
+            return
+        if self.settings.cache.warm_file:
+            self.cache.warm_from_file(Path(self.settings.cache.warm_file))
+
+    async def close_cache(self) -> None:
+        """Stop warm-up and flush queued disk writes (after the drain: nothing reads it then)."""
+        if self.cache is not None:
+            await self.cache.close()
+
+    async def audio_for(self, request: SynthesisRequest, tag: str | None = None) -> tuple[CacheStatus, AudioStream]:
+        """The PCM of `request` and where it came from: the cache ("hit"), else synthesized
+        ("miss"; a request joining an identical synthesis under way counts as a miss here)."""
         if self.state in (State.DRAINING, State.STOPPED):
             raise NotReady(f"edged is {self.state.value.lower()}")
+        if self.cache is not None and self.cache.cache is not None:
+            stream = await self.cache.stream(request, tag)
+            return ("hit" if stream.status == "hit" else "miss"), stream
         return "miss", self.pipeline.synthesize_stream(request)
 
     def health(self) -> dict[str, Any]:
@@ -112,6 +139,7 @@ class Daemon:
                           "failed": counts.failed, "windows": counts.windows,
                           "disconnects": self.disconnects, "write_stalls": self.write_stalls},
             "process": process_figures(),
+            "cache": self.cache.describe() if self.cache is not None else {"enabled": False, "open": False},
         }
 
     def close(self) -> None:

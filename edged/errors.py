@@ -97,3 +97,10 @@ class AlreadyRunning(EdgedError):
 
     code = "already_running"
     http_status = 500
+
+
+class Forbidden(EdgedError):
+    """An administrative call from a peer that is neither root nor in the admin group."""
+
+    code = "forbidden"
+    http_status = 403

@@ -12,6 +12,7 @@ import asyncio
 import functools
 import logging
 import socket
+import struct
 from typing import Any
 
 from uvicorn.config import Config
@@ -38,10 +39,12 @@ class EdgedProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.peer = peer_credentials(transport)
         self._arm_header_timer()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self.scope["edged.peer"] = self.peer  # type: ignore[typeddict-unknown-key]
         self._arm_header_timer()
 
     def on_headers_complete(self) -> None:
@@ -66,6 +69,20 @@ class EdgedProtocol(HttpToolsProtocol):
         if not self.transport.is_closing():
             log.info("closing a connection that sent no complete headers in %g s", self.header_timeout_s)
             self.transport.close()
+
+
+def peer_credentials(transport: asyncio.BaseTransport) -> tuple[int, int, int] | None:
+    """(pid, uid, gid) of the process at the other end of a Unix socket (SO_PEERCRED), taken
+    when it connected; None if unknown (then only non-administrative calls are allowed)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None or sock.family != socket.AF_UNIX:
+        return None
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    pid, uid, gid = struct.unpack("3i", raw)
+    return pid, uid, gid
 
 
 class _IntendedCutOff(logging.Filter):

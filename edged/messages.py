@@ -28,6 +28,8 @@ class SynthesizeBody:
     speed: float = 1.0
     """Speaking rate; 2.0 is twice as fast."""
     format: AudioFormat = "wav"
+    tag: str | None = None
+    """Cache tag of the audio, for invalidation by tag (DELETE /v1/cache?tag=...)."""
 
 
 @dataclass(frozen=True)
@@ -58,12 +60,13 @@ def parse_json(body: bytes) -> dict[str, Any]:
 
 
 def synthesize_body(data: dict[str, Any], max_text_chars: int) -> SynthesizeBody:
-    _no_unknown(data, ("text", "voice", "speed", "format"))
+    _no_unknown(data, ("text", "voice", "speed", "format", "tag"))
     return SynthesizeBody(
         text=_text(data, "text", max_text_chars),
         voice=_optional_str(data, "voice"),
         speed=_speed(data),
         format=_format(data, "format"),
+        tag=_tag(data.get("tag")),
     )
 
 
@@ -124,3 +127,85 @@ def _format(data: dict[str, Any], name: str) -> AudioFormat:
     if value not in FORMATS:
         raise BadInput(f"field {name!r} must be one of {', '.join(FORMATS)}, not {value!r}")
     return cast(AudioFormat, value)
+
+
+# -- the cache's administrative calls ------------------------------------------------------------
+
+TAG_MAX = 64
+MAX_WARM_PHRASES = 10_000
+
+
+@dataclass(frozen=True)
+class CacheScope:
+    """DELETE /v1/cache: what to drop; nothing given means everything."""
+
+    voice: str | None = None
+    version: str | None = None
+    tag: str | None = None
+
+
+@dataclass(frozen=True)
+class Phrase:
+    """One phrase of a warm-up (POST /v1/cache/warm, or the configured warm_file)."""
+
+    text: str
+    voice: str | None = None
+    """Voice id; None: the daemon's default voice."""
+
+
+def cache_scope(data: dict[str, Any]) -> CacheScope:
+    _no_unknown(data, ("voice", "version", "tag"))
+    scope = CacheScope(_optional_str(data, "voice"), _optional_str(data, "version"), _tag(data.get("tag")))
+    if scope.version is not None and scope.voice is None:
+        raise BadInput("'version' needs 'voice'")
+    return scope
+
+
+def warm_body(body: bytes, max_text_chars: int) -> list[Phrase]:
+    """{"phrases": [{"text", "voice"?} | "text", ...]} or a bare JSON list of them."""
+    data: Any = parse_json(body) if body.lstrip()[:1] != b"[" else {"phrases": _json_list(body)}
+    _no_unknown(data, ("phrases",))
+    items = data.get("phrases")
+    if not isinstance(items, list):
+        raise BadInput("'phrases' must be a list")
+    if len(items) > MAX_WARM_PHRASES:
+        raise BadInput(f"at most {MAX_WARM_PHRASES} phrases at once")
+    phrases = []
+    for i, item in enumerate(items):
+        entry = {"text": item} if isinstance(item, str) else item
+        if not isinstance(entry, dict):
+            raise BadInput(f"phrase {i} must be a string or an object")
+        _no_unknown(entry, ("text", "voice"))
+        phrases.append(Phrase(_text(entry, "text", max_text_chars), _optional_str(entry, "voice")))
+    return phrases
+
+
+def _json_list(body: bytes) -> list[Any]:
+    try:
+        value = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadInput(f"malformed JSON: {exc}") from None
+    if not isinstance(value, list):
+        raise BadInput("request body must be a JSON object or list")
+    return value
+
+
+def _tag(value: Any) -> str | None:
+    """A cache tag: a short printable string."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or len(value) > TAG_MAX or not value.isprintable():
+        raise BadInput(f"'tag' must be a printable string of at most {TAG_MAX} characters")
+    return value
+
+
+def parse_phrase_lines(text: str) -> list[Phrase]:
+    """A phrase list: one phrase a line, optionally "voice<TAB>text"; blank lines and lines
+    starting with # are skipped."""
+    phrases = []
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        voice, tab, rest = line.partition("\t")
+        phrases.append(Phrase(rest.strip(), voice.strip() or None) if tab else Phrase(line.strip()))
+    return phrases

@@ -135,3 +135,50 @@ class _DaemonCollector:
             for graph, provider in voice.providers.items():
                 providers.add_metric([voice_id, voice.manifest.version, voice.precision, graph, provider], 1.0)
         yield providers
+        if daemon.cache is not None and daemon.cache.cache is not None:
+            yield from _cache_metrics(daemon.cache.describe())
+
+
+def _cache_metrics(c: dict[str, Any]) -> Iterator[Any]:
+    """The audio cache's counters (AudioCache.stats()) and warm-up progress, per tier."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    lookups = CounterMetricFamily("edged_cache_lookups", "Cache lookups by tier and result "
+                                  "(hit ratio per tier = hit / (hit + miss)).", labels=["tier", "result"])
+    size = GaugeMetricFamily("edged_cache_bytes", "Bytes held, per tier.", labels=["tier"])
+    entries = GaugeMetricFamily("edged_cache_entries", "Entries held, per tier.", labels=["tier"])
+    evictions = CounterMetricFamily("edged_cache_evictions", "Entries evicted for room, per tier.",
+                                    labels=["tier"])
+    for tier in ("memory", "disk"):
+        lookups.add_metric([tier, "hit"], c[f"{tier}_hits"])
+        lookups.add_metric([tier, "miss"], c[f"{tier}_misses"])
+        size.add_metric([tier], c[f"{tier}_bytes"])
+        entries.add_metric([tier], c[f"{tier}_entries"])
+        evictions.add_metric([tier], c[f"{tier}_evictions"])
+    yield from (lookups, size, entries, evictions)
+    state = GaugeMetricFamily("edged_cache_disk_state", "1 for the disk tier's current state.", labels=["state"])
+    for name in ("ok", "paused", "off"):
+        state.add_metric([name], 1.0 if c["disk_state"] == name else 0.0)
+    if c["disk_state"] not in ("ok", "paused", "off"):
+        state.add_metric([c["disk_state"]], 1.0)
+    yield state
+    failures = CounterMetricFamily("edged_cache_disk_write_failures", "Disk writes that failed, by reason.",
+                                   labels=["reason"])
+    for reason, count in c["disk_store_failures"].items():
+        failures.add_metric([reason], count)
+    yield failures
+    for name, key, doc in (
+        ("edged_cache_disk_writes_skipped", "disk_store_skipped", "Disk writes skipped (queue full, disk paused)."),
+        ("edged_cache_corrupt_dropped", "disk_corrupt_dropped", "Disk entries dropped as corrupt."),
+        ("edged_cache_joined", "joined", "Requests that joined an identical synthesis under way."),
+        ("edged_cache_stale_dropped", "stale_dropped", "Entries dropped as expired or invalidated."),
+        ("edged_cache_not_stored", "not_stored", "Finished syntheses not stored (too long, invalidated)."),
+    ):
+        yield CounterMetricFamily(name, doc, value=c[key])
+    yield GaugeMetricFamily("edged_cache_in_flight", "Syntheses under way through the cache.", value=c["in_flight"])
+    yield GaugeMetricFamily("edged_cache_write_queue_bytes", "Audio waiting for the disk writer.",
+                            value=c["write_queue_bytes"])
+    warm = c["warm"]
+    yield GaugeMetricFamily("edged_cache_warm_total", "Warm-up phrases asked for.", value=warm["total"])
+    yield GaugeMetricFamily("edged_cache_warm_done", "Warm-up phrases handled.", value=warm["done"])
+    yield CounterMetricFamily("edged_cache_warm_failed", "Warm-up phrases that failed.", value=warm["failed"])

@@ -154,9 +154,14 @@ async def _run(daemon: Daemon, listener: Listener, early_stop: threading.Event) 
     # Until configuration reload exists (SIGHUP), a reload must not kill the daemon.
     loop.add_signal_handler(signal.SIGHUP, lambda: log.warning("SIGHUP: reload is not supported yet"))
 
-    # The HTTP layer (uvicorn, prometheus_client) is imported here, while the voices load.
+    # The cache is open before the first request is served (it needs no model, so the first
+    # request can already be a hit). Its disk tier opens on the cache's writer thread while the
+    # HTTP layer (uvicorn, prometheus_client) is imported here; all of it while the voices load.
+    opening = asyncio.create_task(daemon.open_cache())
+    await asyncio.sleep(0)  # the task runs up to its disk work, which proceeds in its thread
     from .httpserver import start_http
 
+    await opening
     http = await start_http(daemon, listener.sock)
     stop_watchdog = _start_watchdog(loop, notify)
     exit_code = 0
@@ -175,6 +180,7 @@ async def _run(daemon: Daemon, listener: Listener, early_stop: threading.Event) 
         notify("STOPPING=1")
         await http.drain(daemon.settings.server.drain_timeout_s)
     finally:
+        await daemon.close_cache()  # after the drain: its queued disk writes are flushed
         ready.cancel()
         stopping.cancel()
         stop_watchdog()

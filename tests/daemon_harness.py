@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -43,11 +44,20 @@ class Daemon:
         self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
 
+    @property
+    def cache_dir(self) -> Path:
+        """The audio cache's directory: private to this test directory (the default location
+        under $XDG_CACHE_HOME, pointed here), so a daemon restarted on it finds its cache."""
+        return self.directory / "xdg-cache" / "edged"
+
     def start(self) -> Daemon:
+        env = dict(os.environ if self.env is None else self.env)
+        env.pop("CACHE_DIRECTORY", None)
+        env["XDG_CACHE_HOME"] = str(self.cache_dir.parent)
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "edged", "serve", "--socket", str(self.socket), "--config", str(self.config)],
-                cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env,
             )
         return self
 

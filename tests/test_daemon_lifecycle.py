@@ -77,8 +77,9 @@ def test_overload_is_refused_at_once_and_service_resumes(tmp_path: Path, bundle_
     try:
         daemon.wait_state("READY")
         clients = [daemon.connect() for _ in range(8)]
-        for sock in clients:  # 8 requests at once against room for 1 running + 1 waiting
-            sock.sendall(post_raw(json.dumps({"text": MEDIUM, "format": "pcm"}).encode()))
+        for i, sock in enumerate(clients):  # 8 requests at once against room for 1 running + 1 waiting
+            text = f"{MEDIUM} Copy {i}."  # distinct: identical ones would share one synthesis (the cache)
+            sock.sendall(post_raw(json.dumps({"text": text, "format": "pcm"}).encode()))
         statuses = []
         for sock in clients:
             status, body = read_head(sock)

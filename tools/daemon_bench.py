@@ -6,7 +6,8 @@
 - load: tools.loadgen with as many clients as the box runs syntheses at once;
 - overload: a burst of 4x (running + queued) requests at once: how fast the refused ones get
   503, that nothing hangs, memory before/after, and a normal request after the burst;
-- soak: a bounded loop of short requests, resident memory sampled along it.
+- soak: a bounded loop of short requests, resident memory sampled along it (with the cache on,
+  the loop measures cache hits; --no-cache makes every request a synthesis).
 
 Prints {"daemon": {...}}; with --out FILE the section is merged into that JSON file (for example
 the output of tools.bench), other sections kept.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -44,10 +46,11 @@ class DaemonProcess:
         config_file = directory / "edged.toml"
         config_file.write_text(config, encoding="utf-8")
         self.log = open(directory / "edged.log", "ab")  # noqa: SIM115 (closed in stop)
+        env = {**os.environ, "XDG_CACHE_HOME": str(directory / "cache")}  # a cache of its own, removed after
         self.exec_at = time.perf_counter()
         self.proc = subprocess.Popen([sys.executable, "-m", "edged", "serve", "--socket", str(self.socket),
                                       "--config", str(config_file)], cwd=REPO, stdout=self.log,
-                                     stderr=subprocess.STDOUT)
+                                     stderr=subprocess.STDOUT, env=env)
 
     def health(self) -> str | None:
         connection = UnixConnection(self.socket, timeout=5)
@@ -185,10 +188,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", choices=["start", "ttfa", "load", "overload", "soak"])
     parser.add_argument("--out", type=Path, help="merge the report into this JSON file")
     parser.add_argument("--config", type=Path, help="daemon configuration (TOML) for every run")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="disable the audio cache, so every request is synthesized")
     args = parser.parse_args(argv)
     only = set(args.only or ["start", "ttfa", "load", "overload", "soak"])
     soak_requests = args.soak or (1000 if args.quick else 10_000)
     config = args.config.read_text(encoding="utf-8") if args.config else ""
+    if args.no_cache:
+        config += "\n[cache]\nenabled = false\n"
     report: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="edged-bench-") as tmp:
         workdir = Path(tmp)
@@ -210,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                 report["soak"] = asyncio.run(measure_soak(daemon, soak_requests, max(1, soak_requests // 20)))
         finally:
             report["exit_code_on_sigterm"] = daemon.stop()
+    report["cache"] = not args.no_cache
     output = {"daemon": report}
     if args.out is not None:
         merged = json.loads(args.out.read_text()) if args.out.exists() else {}

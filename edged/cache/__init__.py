@@ -10,7 +10,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .audiocache import AudioCache, CacheStats, Invalidation, Producer, SynthesisCancelled
+    from .audiocache import (
+        AudioCache,
+        CacheStats,
+        Invalidation,
+        Producer,
+        SynthesisCancelled,
+    )
     from .flight import AudioStream, Status
     from .key import CacheKey, normalize_text
     from .settings import CacheSettings, default_directory

@@ -1,0 +1,260 @@
+"""The audio cache inside the real daemon: hits, restarts after kill -9, invalidation, singleflight,
+warm-up and the administrative routes' peer check (SO_PEERCRED)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from daemon_harness import REPO, Daemon, Reply, wait_for
+
+MEDIUM = ("The parcel you ordered on Monday was left with your neighbour at number twelve, "
+          "because nobody was home, and she will keep it for you until the weekend.")
+OTHER_VOICE = "en_US-other-medium"
+
+
+def _other_voice(root: Path, bundle_dir: Path) -> Path:
+    """The default bundle installed a second time under another id (loaded on first use only)."""
+    voices = root / "voices"
+    other = voices / OTHER_VOICE
+    other.mkdir(parents=True, exist_ok=True)
+    for file in bundle_dir.iterdir():
+        if not (other / file.name).exists():
+            (other / file.name).symlink_to(file)
+    return voices
+
+
+@pytest.fixture(scope="module")
+def cached(tmp_path_factory: pytest.TempPathFactory, bundle_dir: Path) -> Iterator[Daemon]:
+    """A daemon of this module's own: its tests clear the cache, which others must not see."""
+    running = Daemon(tmp_path_factory.mktemp("cached")).start()
+    try:
+        running.wait_state("READY")
+        yield running
+    finally:
+        assert running.stop() == 0, running.log_text()
+
+
+def _synth(daemon: Daemon, text: str, **extra: object) -> Reply:
+    reply = daemon.request("POST", "/v1/synthesize", {"text": text, "format": "pcm", **extra})
+    assert reply.status == 200, reply.body[:300]
+    return reply
+
+
+def _flushed(daemon: Daemon) -> dict:
+    """Status once every finished synthesis has reached the disk tier."""
+    return wait_for(lambda: (c := daemon.status()["cache"])["write_queue_bytes"] == 0
+                    and c["in_flight"] == 0 and c)
+
+
+def test_second_identical_request_is_a_byte_identical_hit(cached: Daemon) -> None:
+    first = _synth(cached, "A phrase for the cache test.")
+    again = _synth(cached, "A  phrase for the cache test.  ")  # whitespace is normalized
+    assert first.headers["x-edged-cache"] == "miss" and again.headers["x-edged-cache"] == "hit"
+    assert again.body == first.body and len(first.body) > 22050
+    wav = cached.request("POST", "/v1/synthesize", {"text": "A phrase for the cache test."})
+    assert wav.headers["x-edged-cache"] == "hit"  # wav and pcm share the entry: the header is added on the way out
+    assert wav.body[:4] == b"RIFF" and wav.body[44:] == first.body
+    slower = _synth(cached, "A phrase for the cache test.", speed=0.8)
+    assert slower.headers["x-edged-cache"] == "miss"  # the speed is part of the key
+
+
+def test_bad_tag_is_refused(cached: Daemon) -> None:
+    for tag in ("x" * 65, "line\nbreak", 5):
+        reply = cached.request("POST", "/v1/synthesize", {"text": "Hi.", "tag": tag})
+        assert reply.status == 400 and "tag" in reply.json()["error"]["message"]
+
+
+def test_delete_by_tag_and_by_voice_makes_the_next_request_a_miss(cached: Daemon) -> None:
+    _synth(cached, "Tagged one.", tag="promo")
+    _synth(cached, "Untagged one.")
+    assert _synth(cached, "Tagged one.").headers["x-edged-cache"] == "hit"
+    dropped = cached.request("DELETE", "/v1/cache?tag=promo")
+    assert dropped.status == 200 and dropped.json()["memory_dropped"] == 1
+    assert _synth(cached, "Tagged one.").headers["x-edged-cache"] == "miss"
+    assert _synth(cached, "Untagged one.").headers["x-edged-cache"] == "hit"  # another tag: kept
+
+    voice = cached.get("/v1/voices").json()["default"]
+    dropped = cached.request("DELETE", "/v1/cache", {"voice": voice})
+    assert dropped.status == 200 and dropped.json()["scope"]["voice"] == voice
+    assert dropped.json()["memory_dropped"] >= 2
+    assert _synth(cached, "Untagged one.").headers["x-edged-cache"] == "miss"
+    other = cached.request("DELETE", "/v1/cache", {"voice": "xx_XX-nobody"})
+    assert other.status == 200 and other.json()["memory_dropped"] == 0
+    assert _synth(cached, "Untagged one.").headers["x-edged-cache"] == "hit"
+    bad = cached.request("DELETE", "/v1/cache?version=1.0.0")
+    assert bad.status == 400
+
+
+def test_concurrent_identical_requests_are_synthesized_once(cached: Daemon) -> None:
+    text = f"{MEDIUM} Said only once."
+    before = cached.status()
+    replies: list[Reply] = []
+    threads = [threading.Thread(target=lambda: replies.append(_synth(cached, text))) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    after = cached.status()
+    assert len(replies) == 4 and len({r.body for r in replies}) == 1
+    assert after["synthesis"]["completed"] - before["synthesis"]["completed"] == 1
+    joined = after["cache"]["joined"] - before["cache"]["joined"]
+    hits = sum(r.headers["x-edged-cache"] == "hit" for r in replies)
+    assert joined + hits == 3
+    assert "edged_cache_joined_total" in cached.get("/metrics").body.decode()
+
+
+def test_warm_up_fills_the_cache_and_reports_progress(cached: Daemon) -> None:
+    phrases = ["Warm phrase one.", {"text": "Warm phrase two."}]
+    reply = cached.request("POST", "/v1/cache/warm", {"phrases": phrases})
+    assert reply.status == 202 and reply.json()["queued"] == 2
+    target = reply.json()["warm"]["total"]
+    wait_for(lambda: cached.status()["cache"]["warm"]["done"] >= target, timeout=30)
+    for text in ("Warm phrase one.", "Warm phrase two."):
+        assert _synth(cached, text).headers["x-edged-cache"] == "hit"
+    metrics = cached.get("/metrics").body.decode()
+    assert f"edged_cache_warm_done {float(target)}" in metrics
+    assert 'edged_cache_lookups_total{result="hit",tier="memory"}' in metrics
+    unknown = cached.request("POST", "/v1/cache/warm", '["fine", {"text": "x", "voice": "xx_XX-nobody"}]')
+    assert unknown.status == 404
+
+
+def test_status_has_a_cache_block(cached: Daemon) -> None:
+    block = cached.status()["cache"]
+    assert block["open"] and block["disk_state"] == "ok"
+    assert Path(block["directory"]) == cached.cache_dir
+
+
+def test_hit_after_kill_9_and_restart_needs_no_voice(tmp_path: Path, bundle_dir: Path) -> None:
+    # The other voice is loaded on demand only, and a request may wait 1 ms for it: a miss gets 503.
+    voices = _other_voice(tmp_path, bundle_dir)
+    config = f'[pipeline]\nloading_wait_s = 0.001\n[voices]\nsearch_path = ["{voices}"]\n'
+    text = "Served from disk after a crash."
+    first = Daemon(tmp_path / "d", config).start()
+    try:
+        first.wait_state("READY")
+        body = {"text": text, "voice": OTHER_VOICE, "format": "pcm"}
+        wait_for(lambda: first.request("POST", "/v1/synthesize", body).status == 200, timeout=30, interval=0.2)
+        original = first.request("POST", "/v1/synthesize", body)
+        assert original.headers["x-edged-cache"] == "hit"
+        assert _flushed(first)["disk_entries"] >= 1
+    finally:
+        assert first.proc is not None
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait(10)
+    second = Daemon(tmp_path / "d", config).start()
+    try:
+        second.wait_state("READY")
+        reply = second.request("POST", "/v1/synthesize", body)
+        assert reply.status == 200 and reply.headers["x-edged-cache"] == "hit"
+        assert reply.body == original.body
+        states = {v["id"]: v["state"] for v in second.get("/v1/voices").json()["voices"]}
+        assert states[OTHER_VOICE] == "installed"  # never loaded: the hit did not need it
+        miss = second.request("POST", "/v1/synthesize", {**body, "text": "Not cached."})
+        assert miss.status == 503 and miss.json()["error"]["code"] == "not_ready"
+    finally:
+        assert second.stop() == 0
+
+
+def test_configured_warm_file_is_warmed_at_start(tmp_path: Path, bundle_dir: Path) -> None:
+    phrases = tmp_path / "phrases.txt"
+    phrases.write_text("Warmed at start.\nAlso warmed at start.\n", encoding="utf-8")
+    daemon = Daemon(tmp_path / "d", f'[cache]\nwarm_file = "{phrases}"\n').start()
+    try:
+        daemon.wait_state("READY")
+        warm = wait_for(lambda: (w := daemon.status()["cache"]["warm"])["done"] == 2 and w, timeout=30)
+        assert warm == {"total": 2, "done": 2, "synthesized": 2, "failed": 0}
+        assert _synth(daemon, "Also warmed at start.").headers["x-edged-cache"] == "hit"
+    finally:
+        assert daemon.stop() == 0
+
+
+# -- administrative routes: only root or the admin group (SO_PEERCRED) ----------------------------
+
+def _as_nobody(socket_path: Path, method: str, path: str) -> dict:
+    """One request from a forked child that became uid/gid 65534 before connecting (the kernel
+    records the peer's credentials at connect time). The interpreter cannot be exec'd as nobody
+    here (its directory is private to root), hence a fork that uses only the socket module."""
+    body = b'{"phrases": ["Hi."]}' if method == "POST" else b""
+    raw = (f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+           "Connection: close\r\n\r\n").encode() + body
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no Python-level cleanup, no pytest machinery
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(20)
+                sock.connect(str(socket_path))
+                sock.sendall(raw)
+                while chunk := sock.recv(65536):
+                    os.write(write_end, chunk)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    data = b""
+    with os.fdopen(read_end, "rb") as pipe:
+        data = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, data
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return {"status": int(head.split()[1]), "body": rest.decode(errors="replace")}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to another uid needs root")
+@pytest.mark.parametrize(("admin_group", "allowed"), [("edged", False), ("nogroup", True)])
+def test_admin_routes_need_root_or_the_admin_group(bundle_dir: Path, admin_group: str, allowed: bool) -> None:
+    # A world-reachable socket in a world-traversable directory, so that uid 65534 can connect.
+    root = Path(tempfile.mkdtemp(prefix="edged-peer-"))
+    try:
+        root.chmod(0o755)
+        config = f'[server]\nsocket_mode = 0o666\nadmin_group = "{admin_group}"\n'
+        daemon = Daemon(root, config).start()
+        try:
+            daemon.wait_state("READY")
+            health = _as_nobody(daemon.socket, "GET", "/v1/health")
+            assert health["status"] == 200  # ordinary calls are open to whoever can connect
+            for method, path in (("DELETE", "/v1/cache"), ("POST", "/v1/cache/warm")):
+                answer = _as_nobody(daemon.socket, method, path)
+                if allowed:
+                    assert answer["status"] in (200, 202), answer
+                else:
+                    assert answer["status"] == 403, answer
+                    assert json.loads(answer["body"])["error"]["code"] == "forbidden"
+            assert daemon.request("DELETE", "/v1/cache").status == 200  # root always may
+        finally:
+            assert daemon.stop() == 0
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_edgectl_cache_warm_and_clear(cached: Daemon, tmp_path: Path) -> None:
+    voice = cached.get("/v1/voices").json()["default"]
+    phrases = tmp_path / "phrases.txt"
+    phrases.write_text(f"Edgectl warm one.\n\n# a comment\n{voice}\tEdgectl warm two.\n", encoding="utf-8")
+    env = {**os.environ, "EDGED_SOCKET": str(cached.socket)}
+    run = [sys.executable, "-c", "import sys; from edged.client import main; sys.exit(main())"]
+    warm = subprocess.run([*run, "cache", "warm", str(phrases)], cwd=REPO, env=env, capture_output=True,
+                          timeout=60, check=False)
+    assert warm.returncode == 0, warm.stderr
+    assert b"2/2" in warm.stderr
+    assert _synth(cached, "Edgectl warm two.").headers["x-edged-cache"] == "hit"
+    clear = subprocess.run([*run, "cache", "clear", "--voice", voice], cwd=REPO, env=env,
+                           capture_output=True, timeout=60, check=False)
+    assert clear.returncode == 0, clear.stderr
+    assert b"cleared voice" in clear.stdout
+    assert _synth(cached, "Edgectl warm two.").headers["x-edged-cache"] == "miss"

@@ -1,0 +1,149 @@
+"""The daemon's cache figures, measured by a client: python -m tools.daemon_cache_bench [--quick] [--out FILE]
+
+- restart: a phrase cached, the daemon killed with SIGKILL, a new one exec'd on the same cache:
+  exec -> first audio byte of that phrase (requests sent as soon as the socket accepts), several
+  restarts (target <= 300 ms);
+- hit: cache-hit latency over the socket, one client, a fresh connection per request, p50/p99
+  of time to first audio and of the whole answer (target p99 <= 5 ms);
+- load: tools.loadgen's Zipf workload against a cache warmed with its phrases (target >= 800
+  requests/s with p99 <= 50 ms).
+
+Uses tools.daemon_bench's daemon process and tools.loadgen's client; prints {"daemon_cache": {...}},
+merged into --out FILE like tools.daemon_bench.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .daemon_bench import DaemonProcess
+from .loadgen import PHRASES, percentiles, run_load, synthesize
+
+PHRASE = "The front door has been open for ten minutes."
+
+
+async def first_audio_after(daemon: DaemonProcess, body: dict[str, Any], timeout_s: float = 30.0) -> float:
+    """Seconds from the daemon's exec to the first audio byte of `body`, retrying while the socket
+    is not there yet (each try is a new connection)."""
+    deadline = time.perf_counter() + timeout_s
+    while time.perf_counter() < deadline:
+        outcome = await synthesize(daemon.socket, body, timeout_s=timeout_s)
+        if outcome.status == 200 and outcome.first_audio_s is not None:
+            return time.perf_counter() - outcome.total_s + outcome.first_audio_s - daemon.exec_at
+        await asyncio.sleep(0.001)
+    raise RuntimeError(f"no audio within {timeout_s} s")
+
+
+async def wait_flushed(daemon: DaemonProcess) -> None:
+    for _ in range(500):
+        cache = daemon.status()["cache"]
+        if cache["write_queue_bytes"] == 0 and cache["in_flight"] == 0 and cache["disk_entries"]:
+            return
+        await asyncio.sleep(0.01)
+    raise RuntimeError("the cache did not reach the disk")
+
+
+def measure_restart(directory: Path, config: str, runs: int) -> dict[str, Any]:
+    body = {"text": PHRASE, "format": "pcm"}
+    daemon = DaemonProcess(directory, config)
+    daemon.wait_ready()
+    first = asyncio.run(synthesize(daemon.socket, body))
+    asyncio.run(wait_flushed(daemon))
+    samples, states = [], []
+    for _ in range(runs):
+        daemon.proc.send_signal(signal.SIGKILL)
+        daemon.proc.wait(10)
+        daemon.log.close()
+        daemon = DaemonProcess(directory, config)
+        samples.append(asyncio.run(first_audio_after(daemon, body)) * 1000)
+        states.append(daemon.health())
+        outcome = asyncio.run(synthesize(daemon.socket, body))
+        if outcome.audio_bytes != first.audio_bytes:
+            raise RuntimeError("a restarted daemon served other audio")
+    daemon.stop()
+    return {"runs": runs, "exec_to_first_audio_ms_best": round(min(samples), 1),
+            "exec_to_first_audio_ms_median": round(statistics.median(samples), 1),
+            "exec_to_first_audio_ms_max": round(max(samples), 1),
+            "states_when_served": sorted({s or "?" for s in states}), "target_ms": 300}
+
+
+async def measure_hits(daemon: DaemonProcess, requests: int) -> dict[str, Any]:
+    body = {"text": PHRASE, "format": "pcm"}
+    await synthesize(daemon.socket, body)  # cached now
+    firsts, totals = [], []
+    for _ in range(requests):
+        outcome = await synthesize(daemon.socket, body)
+        if outcome.status != 200 or outcome.first_audio_s is None:
+            raise RuntimeError(f"hit failed: {outcome}")
+        firsts.append(outcome.first_audio_s)
+        totals.append(outcome.total_s)
+    return {"requests": requests, "audio_bytes": outcome.audio_bytes, "ttfa_ms": percentiles(firsts),
+            "total_ms": percentiles(totals), "target_p99_ms": 5}
+
+
+def warm(daemon: DaemonProcess, phrases: list[str]) -> None:
+    from edged.client import request
+
+    request(daemon.socket, "POST", "/v1/cache/warm", {"phrases": phrases}).read()
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        progress = daemon.status()["cache"]["warm"]
+        if progress["done"] >= progress["total"]:
+            return
+        time.sleep(0.1)
+    raise RuntimeError("warm-up did not finish")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.daemon_cache_bench")
+    parser.add_argument("--quick", action="store_true", help="fewer restarts and requests")
+    parser.add_argument("--only", nargs="*", choices=["restart", "hit", "load"])
+    parser.add_argument("--clients", type=int, default=4, help="concurrent clients of the load run")
+    parser.add_argument("--out", type=Path, help="merge the report into this JSON file")
+    parser.add_argument("--config", type=Path, help="daemon configuration (TOML) for every run")
+    args = parser.parse_args(argv)
+    only = set(args.only or ["restart", "hit", "load"])
+    config = args.config.read_text(encoding="utf-8") if args.config else ""
+    report: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="edged-cache-bench-") as tmp:
+        workdir = Path(tmp)
+        if "restart" in only:
+            (workdir / "restart").mkdir()
+            report["restart"] = measure_restart(workdir / "restart", config, 3 if args.quick else 7)
+        if only & {"hit", "load"}:
+            (workdir / "main").mkdir()
+            daemon = DaemonProcess(workdir / "main", config)
+            try:
+                daemon.wait_ready()
+                if "hit" in only:
+                    report["hit"] = asyncio.run(measure_hits(daemon, 300 if args.quick else 2000))
+                if "load" in only:
+                    warm(daemon, PHRASES)
+                    load = asyncio.run(run_load(daemon.socket, clients=args.clients,
+                                                requests=2000 if args.quick else 20_000, duration_s=60))
+                    report["load"] = {**load, "target": {"throughput_rps": 800, "total_p99_ms": 50}}
+                    report["load"]["cache"] = {k: v for k, v in daemon.status()["cache"].items()
+                                               if k in ("memory_hits", "memory_misses", "joined", "disk_hits")}
+            finally:
+                daemon.stop()
+    output = {"daemon_cache": report}
+    if args.out is not None:
+        merged = json.loads(args.out.read_text()) if args.out.exists() else {}
+        merged.update(output)
+        args.out.write_text(json.dumps(merged, indent=2) + "\n")
+    json.dump(output, sys.stdout, indent=2)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
