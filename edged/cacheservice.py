@@ -160,6 +160,9 @@ class CacheService:
             self.warm.synthesized += 1
             async for chunk in self.pipeline.synthesize_stream(request):
                 yield chunk
+                # Between windows, a live request that came in meanwhile gets the CPU first.
+                while admission.waiting or admission.active > 1:
+                    await asyncio.sleep(IDLE_POLL_S)
 
         stream = await self.stream(request, None, when_idle)
         async with stream:

@@ -6,7 +6,10 @@
 - hit: cache-hit latency over the socket, one client, a fresh connection per request, p50/p99
   of time to first audio and of the whole answer (target p99 <= 5 ms);
 - load: tools.loadgen's Zipf workload against a cache warmed with its phrases (target >= 800
-  requests/s with p99 <= 50 ms).
+  requests/s with p99 <= 50 ms);
+- warm_yield: time to first audio of live misses (a new sentence each time) with no warm-up
+  running, then while POST /v1/cache/warm works through 50 phrases; median of each and their
+  ratio (target: warm-up costs live requests at most 20%).
 
 Uses tools.daemon_bench's daemon process and tools.loadgen's client; prints {"daemon_cache": {...}},
 merged into --out FILE like tools.daemon_bench.
@@ -90,28 +93,62 @@ async def measure_hits(daemon: DaemonProcess, requests: int) -> dict[str, Any]:
             "total_ms": percentiles(totals), "target_p99_ms": 5}
 
 
-def warm(daemon: DaemonProcess, phrases: list[str]) -> None:
+def start_warm(daemon: DaemonProcess, phrases: list[str]) -> None:
     from edged.client import request
 
     request(daemon.socket, "POST", "/v1/cache/warm", {"phrases": phrases}).read()
+
+
+def warming(daemon: DaemonProcess) -> bool:
+    progress = daemon.status()["cache"]["warm"]
+    return bool(progress["done"] < progress["total"])
+
+
+def warm(daemon: DaemonProcess, phrases: list[str]) -> None:
+    start_warm(daemon, phrases)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        progress = daemon.status()["cache"]["warm"]
-        if progress["done"] >= progress["total"]:
+        if not warming(daemon):
             return
         time.sleep(0.1)
     raise RuntimeError("warm-up did not finish")
 
 
+async def measure_warm_yield(daemon: DaemonProcess, requests: int) -> dict[str, Any]:
+    """Live misses one after another, first alone, then while a 50-phrase warm-up runs."""
+    live = iter(range(10_000))
+
+    async def ttfa() -> float:
+        outcome = await synthesize(daemon.socket, {"text": f"{PHRASE} Live request {next(live)}.",
+                                                   "format": "pcm"})
+        if outcome.status != 200 or outcome.first_audio_s is None:
+            raise RuntimeError(f"live request failed: {outcome}")
+        return outcome.first_audio_s
+
+    await ttfa()  # the first synthesis pays for lazy set-up
+    alone = [await ttfa() for _ in range(requests)]
+    start_warm(daemon, [f"Warm-up phrase number {i}, about the garden and the kitchen." for i in range(50)])
+    during: list[float] = []
+    while len(during) < requests and warming(daemon):
+        during.append(await ttfa())
+    warm_left = warming(daemon)  # the caller stops this daemon: the rest of the warm-up is cancelled
+    if len(during) < requests // 2:
+        raise RuntimeError(f"warm-up ended after {len(during)} live requests: too few to compare")
+    without, with_warm = statistics.median(alone), statistics.median(during)
+    return {"requests": [len(alone), len(during)], "ttfa_ms_median_without_warm": round(without * 1000, 1),
+            "ttfa_ms_median_with_warm": round(with_warm * 1000, 1), "ratio": round(with_warm / without, 2),
+            "warm_still_running_at_end": warm_left, "target_ratio_max": 1.2}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.daemon_cache_bench")
     parser.add_argument("--quick", action="store_true", help="fewer restarts and requests")
-    parser.add_argument("--only", nargs="*", choices=["restart", "hit", "load"])
+    parser.add_argument("--only", nargs="*", choices=["restart", "hit", "load", "warm_yield"])
     parser.add_argument("--clients", type=int, default=4, help="concurrent clients of the load run")
     parser.add_argument("--out", type=Path, help="merge the report into this JSON file")
     parser.add_argument("--config", type=Path, help="daemon configuration (TOML) for every run")
     args = parser.parse_args(argv)
-    only = set(args.only or ["restart", "hit", "load"])
+    only = set(args.only or ["restart", "hit", "load", "warm_yield"])
     config = args.config.read_text(encoding="utf-8") if args.config else ""
     report: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="edged-cache-bench-") as tmp:
@@ -119,6 +156,14 @@ def main(argv: list[str] | None = None) -> int:
         if "restart" in only:
             (workdir / "restart").mkdir()
             report["restart"] = measure_restart(workdir / "restart", config, 3 if args.quick else 7)
+        if "warm_yield" in only:
+            (workdir / "warm").mkdir()
+            daemon = DaemonProcess(workdir / "warm", config)
+            try:
+                daemon.wait_ready()
+                report["warm_yield"] = asyncio.run(measure_warm_yield(daemon, 5 if args.quick else 10))
+            finally:
+                daemon.stop()
         if only & {"hit", "load"}:
             (workdir / "main").mkdir()
             daemon = DaemonProcess(workdir / "main", config)
