@@ -53,7 +53,7 @@ to stand out locally: pieces are joined in pauses, where every jump is tiny."""
 
 SNR_TEXTS = {
     # Shorter than one window in either mode (padded to the one shape in fixed mode).
-    "short": "Thank you.",
+    "short": "Hi.",
     "medium": "The weather will be sunny and warm for most of the day, with a light breeze from the west.",
     # One sentence of ~22 s with no full stop inside, so it reaches the front graph whole.
     "long": (
