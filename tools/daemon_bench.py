@@ -218,14 +218,18 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             report["exit_code_on_sigterm"] = daemon.stop()
     report["cache"] = not args.no_cache
-    output = {"daemon": report}
-    if args.out is not None:
-        merged = json.loads(args.out.read_text()) if args.out.exists() else {}
+    print_report({"daemon": report}, args.out)
+    return 0
+
+
+def print_report(output: dict[str, Any], out: Path | None) -> None:
+    """Print the report as JSON and, with --out, merge it into that file (e.g. tools.bench's JSON)."""
+    if out is not None:
+        merged = json.loads(out.read_text()) if out.exists() else {}
         merged.update(output)
-        args.out.write_text(json.dumps(merged, indent=2) + "\n")
+        out.write_text(json.dumps(merged, indent=2) + "\n")
     json.dump(output, sys.stdout, indent=2)
     print()
-    return 0
 
 
 if __name__ == "__main__":

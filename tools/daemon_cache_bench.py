@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import signal
 import statistics
 import sys
@@ -28,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .daemon_bench import DaemonProcess
+from .daemon_bench import DaemonProcess, print_report
 from .loadgen import PHRASES, percentiles, run_load, synthesize
 
 PHRASE = "The front door has been open for ten minutes."
@@ -180,13 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                                                if k in ("memory_hits", "memory_misses", "joined", "disk_hits")}
             finally:
                 daemon.stop()
-    output = {"daemon_cache": report}
-    if args.out is not None:
-        merged = json.loads(args.out.read_text()) if args.out.exists() else {}
-        merged.update(output)
-        args.out.write_text(json.dumps(merged, indent=2) + "\n")
-    json.dump(output, sys.stdout, indent=2)
-    print()
+    print_report({"daemon_cache": report}, args.out)
     return 0
 
 
