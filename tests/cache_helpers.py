@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+import subprocess
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
+
+import pytest
 
 from edged.cache import AudioCache, CacheKey, CacheSettings
 
@@ -77,3 +81,62 @@ async def settle(cache: AudioCache) -> None:
     while cache.stats().in_flight:
         await asyncio.sleep(0.005)
     await cache.flush()
+
+
+async def stores_again(cache: AudioCache) -> None:
+    """A new entry is stored and then served as a hit: the disk tier works."""
+    new = Producer()
+    await fetch(cache, new, CacheKey.make("new", "v", "1"))
+    await settle(cache)
+    assert await fetch(cache, new, CacheKey.make("new", "v", "1")) == ("hit", new.whole)
+
+
+@contextmanager
+def small_filesystem(path: Path, size_kb: int) -> Iterator[Path]:
+    """A real filesystem of `size_kb`: tmpfs, else a loop-mounted ext4 image (root needed)."""
+    path.mkdir()
+    attempts = [["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(path)]]
+    image = path.with_suffix(".img")
+    reasons = []
+    for command in attempts + [None]:
+        if command is None:  # fall back to a loop-mounted image
+            try:
+                subprocess.run(["truncate", "-s", f"{max(size_kb, 2048)}k", str(image)], check=True)
+                subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True)
+            except (OSError, subprocess.CalledProcessError) as error:
+                reasons.append(str(error))
+                break
+            command = ["mount", "-o", "loop", str(image), str(path)]
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        if result.returncode == 0:
+            break
+        reasons.append(result.stderr.strip())
+    else:
+        reasons.append("no mount worked")
+    if not os.path.ismount(path):
+        pytest.skip(f"cannot mount a small filesystem here: {reasons}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", str(path)], capture_output=True, check=False)
+        if subprocess.run(["umount", str(path)], capture_output=True, check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(path)], check=True)  # a failed test left files open
+        image.unlink(missing_ok=True)
+
+
+def fill(path: Path) -> Path:
+    """Take every free byte of the filesystem at `path`."""
+    filler = path / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while True:
+            os.write(fd, b"\0" * 65536)
+    except OSError:
+        pass
+    try:
+        while True:  # the last partial block
+            os.write(fd, b"\0" * 512)
+    except OSError:
+        pass
+    os.close(fd)
+    return filler

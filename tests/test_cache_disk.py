@@ -9,12 +9,18 @@ import os
 import pickle
 import sqlite3
 import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from cache_helpers import Producer, fetch, run, settle
+from cache_helpers import (
+    Producer,
+    fetch,
+    fill,
+    run,
+    settle,
+    small_filesystem,
+    stores_again,
+)
 
 from edged.cache import AudioCache, CacheKey, CacheSettings, default_directory
 from edged.cache.diskstore import DiskStore
@@ -24,59 +30,8 @@ from edged.cache.record import CachedAudio, EntryMeta, audio_checksum
 LOGGER = "edged.cache.diskstore"
 
 
-@contextmanager
-def small_filesystem(path: Path, size_kb: int) -> Iterator[Path]:
-    """A real filesystem of `size_kb`: tmpfs, else a loop-mounted ext4 image (root needed)."""
-    path.mkdir()
-    attempts = [["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(path)]]
-    image = path.with_suffix(".img")
-    reasons = []
-    for command in attempts + [None]:
-        if command is None:  # fall back to a loop-mounted image
-            try:
-                subprocess.run(["truncate", "-s", f"{max(size_kb, 2048)}k", str(image)], check=True)
-                subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True)
-            except (OSError, subprocess.CalledProcessError) as error:
-                reasons.append(str(error))
-                break
-            command = ["mount", "-o", "loop", str(image), str(path)]
-        result = subprocess.run(command, capture_output=True, text=True, check=False)
-        if result.returncode == 0:
-            break
-        reasons.append(result.stderr.strip())
-    else:
-        reasons.append("no mount worked")
-    if not os.path.ismount(path):
-        pytest.skip(f"cannot mount a small filesystem here: {reasons}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["mount", "-o", "remount,rw", str(path)], capture_output=True, check=False)
-        if subprocess.run(["umount", str(path)], capture_output=True, check=False).returncode != 0:
-            subprocess.run(["umount", "-l", str(path)], check=True)  # a failed test left files open
-        image.unlink(missing_ok=True)
-
-
 def remount(path: Path, mode: str) -> None:
     subprocess.run(["mount", "-o", f"remount,{mode}", str(path)], check=True)
-
-
-def fill(path: Path) -> Path:
-    """Take every free byte of the filesystem at `path`."""
-    filler = path / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        while True:
-            os.write(fd, b"\0" * 65536)
-    except OSError:
-        pass
-    try:
-        while True:  # the last partial block
-            os.write(fd, b"\0" * 512)
-    except OSError:
-        pass
-    os.close(fd)
-    return filler
 
 
 def value_files(directory: Path) -> list[Path]:
@@ -212,10 +167,7 @@ def test_corrupted_database_is_moved_aside_and_rebuilt(tmp_path: Path) -> None:
         assert cache.stats().disk_recoveries == 1
         for name, producer in old.items():  # the old entries are gone, and nothing else is served
             assert await fetch(cache, producer, CacheKey.make(name, "v", "1")) == ("miss", producer.whole)
-        new = Producer()
-        await fetch(cache, new, CacheKey.make("new", "v", "1"))
-        await settle(cache)
-        assert await fetch(cache, new, CacheKey.make("new", "v", "1")) == ("hit", new.whole)
+        await stores_again(cache)
         await cache.close()
 
     run(scenario())
@@ -249,10 +201,7 @@ def test_database_overwritten_while_open_never_gives_a_wrong_answer(tmp_path: Pa
         await cache.close()
         cache = await AudioCache.open(CacheSettings(directory=directory, memory_bytes=1, ttl_seconds=None))
         await check(cache)
-        new = Producer()
-        await fetch(cache, new, CacheKey.make("new", "v", "1"))
-        await settle(cache)
-        assert await fetch(cache, new, CacheKey.make("new", "v", "1")) == ("hit", new.whole)
+        await stores_again(cache)
         await cache.close()
 
     run(scenario())

@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
+from cache_helpers import fill, small_filesystem
 from daemon_harness import Daemon, Reply, wait_for
-from test_cache_disk import fill, small_filesystem
 
 from tools.daemon_crash import Ledger, crash_rounds
 
