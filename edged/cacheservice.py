@@ -4,8 +4,8 @@ A hit needs no model: the key is built from the voice's manifest (id and version
 loading its graphs), and the producer - the synthesis pipeline - runs only on a miss. So after a
 restart, cached phrases are served while voices are still loading.
 
-Warm-up yields to live requests: one phrase at a time, and its synthesis starts only when the
-admission has a free slot and nobody waiting for one.
+Warm-up yields to live requests: one phrase at a time, synthesized in the background (see
+edged.preemption: it runs only while no live synthesis is about, and stops at once for one).
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ log = logging.getLogger(__name__)
 
 CACHED_FORMAT = "pcm"
 """Cached bytes are always bare PCM: a WAV header is added when the audio is sent."""
-IDLE_POLL_S = 0.05
-"""How often a waiting warm-up looks again whether live requests left it room."""
 MAX_WARM_QUEUE = 20_000
 """Phrases waiting for warm-up; more are refused (busy), so repeated calls cannot grow memory."""
 
@@ -146,7 +144,7 @@ class CacheService:
         info = self.registry.info(phrase.voice or self.default_voice)
         request = SynthesisRequest(phrase.text, info.voice_id, info.version, info.sample_rate, 1.0, "pcm")
 
-        async def when_idle() -> AsyncIterator[bytes]:
+        async def in_background() -> AsyncIterator[bytes]:
             if info.voice_id in unloadable:
                 raise NotReady(f"voice {info.voice_id!r} failed to load")
             try:
@@ -154,17 +152,11 @@ class CacheService:
             except Exception:
                 unloadable.add(info.voice_id)
                 raise
-            admission = self.pipeline.admission
-            while admission.waiting or admission.active >= admission.capacity:
-                await asyncio.sleep(IDLE_POLL_S)  # live requests first
             self.warm.synthesized += 1
-            async for chunk in self.pipeline.synthesize_stream(request):
+            async for chunk in self.pipeline.synthesize_stream(request, background=True):
                 yield chunk
-                # Between windows, a live request that came in meanwhile gets the CPU first.
-                while admission.waiting or admission.active > 1:
-                    await asyncio.sleep(IDLE_POLL_S)
 
-        stream = await self.stream(request, None, when_idle)
+        stream = await self.stream(request, None, in_background)
         async with stream:
             async for _ in stream:
                 pass

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from onnxruntime import RunOptions
 
 from .bundle import Manifest, Precision, read_manifest, verify_files
 from .errors import BadInput, BundleError
@@ -110,7 +111,7 @@ class Voice:
         manifest = self.manifest
         return pieces_ids(text, manifest.espeak_voice, manifest.phoneme_id_map, self.settings.pieces)
 
-    def front(self, ids: list[int], params: SynthesisParams) -> Latents:
+    def front(self, ids: list[int], params: SynthesisParams, run_options: RunOptions | None = None) -> Latents:
         defaults = self.manifest.inference
         scales = np.array(
             [
@@ -127,6 +128,7 @@ class Voice:
                 "input_lengths": np.array([len(ids)], dtype=np.int64),
                 "scales": scales,
             },
+            run_options,
         )
         return Latents(frames, mask)
 
@@ -138,20 +140,20 @@ class Voice:
             latents.n_frames, streaming.first_window, streaming.max_window, streaming.context
         )
 
-    def decode_float(self, latents: Latents, window: Window) -> np.ndarray:
+    def decode_float(self, latents: Latents, window: Window, run_options: RunOptions | None = None) -> np.ndarray:
         """Audio samples in [-1, 1] for the frames the window keeps."""
         frames = latents.frames[:, :, window.in_start : window.in_end]
         mask = latents.mask[:, :, window.in_start : window.in_end]
         if window.pad:
             frames = np.pad(frames, ((0, 0), (0, 0), (0, window.pad)))
             mask = np.pad(mask, ((0, 0), (0, 0), (0, window.pad)))
-        audio = self._back.run(None, {"latents": frames, "frame_mask": mask})[0].reshape(-1)
+        audio = self._back.run(None, {"latents": frames, "frame_mask": mask}, run_options)[0].reshape(-1)
         hop = self.manifest.hop_length
         return audio[(window.keep_start - window.in_start) * hop : (window.keep_end - window.in_start) * hop]
 
-    def decode(self, latents: Latents, window: Window) -> bytes:
+    def decode(self, latents: Latents, window: Window, run_options: RunOptions | None = None) -> bytes:
         """16-bit little-endian mono PCM for the frames the window keeps."""
-        return to_pcm16(self.decode_float(latents, window))
+        return to_pcm16(self.decode_float(latents, window, run_options))
 
     def synthesize(self, text: str, params: SynthesisParams | None = None) -> Iterator[bytes]:
         params = params or SynthesisParams()

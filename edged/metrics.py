@@ -115,6 +115,8 @@ class _DaemonCollector:
             ("edged_synthesis_cancelled", counts.cancelled, "Syntheses stopped early (hang-up, stalled reader)."),
             ("edged_synthesis_failed", counts.failed, "Syntheses that failed with an error."),
             ("edged_windows_decoded", counts.windows, "Back-graph windows decoded."),
+            ("edged_background_preempted", pipeline.preemption.preempted,
+             "Warm-up graph runs stopped for a live request (and made again later)."),
             ("edged_client_disconnects", daemon.disconnects, "Streams whose client hung up."),
             ("edged_write_stalls", daemon.write_stalls, "Streams cut off because the client stopped reading."),
         ):

@@ -17,13 +17,14 @@ import concurrent.futures
 import logging
 import os
 import threading
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .config import PipelineSettings, StageSettings
 from .errors import Busy, StageTimeout
 from .messages import AudioFormat
+from .preemption import Preemption
 
 if TYPE_CHECKING:
     from .engine import Voice
@@ -196,6 +197,7 @@ class Pipeline:
         self.back = Stage("back", settings.back, nice=nice)
         self.output = Stage("output", settings.output, threaded=False)
         self.counts = PipelineCounts()
+        self.preemption = Preemption()
 
     @property
     def stages(self) -> tuple[Stage, ...]:
@@ -205,11 +207,24 @@ class Pipeline:
         for stage in self.stages:
             stage.start_threads()
 
-    async def synthesize_stream(self, request: SynthesisRequest) -> AsyncGenerator[bytes, None]:
+    async def synthesize_stream(self, request: SynthesisRequest,
+                                background: bool = False) -> AsyncGenerator[bytes, None]:
         """16-bit mono PCM of `request` as each window is decoded (whatever `request.format`:
         the container is the output's business); errors before the first chunk (Busy, NotReady,
-        BadInput) are raised by the first `anext`."""
-        await self.admission.enter()
+        BadInput) are raised by the first `anext`.
+
+        A background synthesis (cache warm-up) takes no admission slot: each of its steps waits
+        until no live synthesis is about, and is stopped and made again when one comes."""
+        if background:
+            call = self.preemption.run
+        else:
+            call = _call_now
+            self.preemption.live_started()
+            try:
+                await self.admission.enter()
+            except BaseException:
+                self.preemption.live_ended()
+                raise
         finished = False
         try:
             voice = await self.voices.voice(request.voice_id, self.settings.loading_wait_s)
@@ -217,10 +232,10 @@ class Pipeline:
 
             params = SynthesisParams(speed=request.speed)
             pieces = voice.pieces(request.text)  # lazy: each next() phonemizes a little more
-            while (ids := await self.text.run(next, pieces, None)) is not None:
-                latents = await self.front.run(voice.front, ids, params)
+            while (ids := await call(self.text, _next_piece, pieces)) is not None:
+                latents = await call(self.front, voice.front, ids, params)
                 for window in voice.windows(latents):
-                    pcm = await self.back.run(voice.decode, latents, window)
+                    pcm = await call(self.back, voice.decode, latents, window)
                     self.counts.windows += 1
                     yield pcm
             finished = True
@@ -231,13 +246,25 @@ class Pipeline:
             self.counts.failed += 1
             raise
         finally:
-            self.admission.leave()
+            if not background:
+                self.admission.leave()
+                self.preemption.live_ended()
             if finished:
                 self.counts.completed += 1
 
     def close(self) -> None:
         for stage in self.stages:
             stage.close()
+
+
+async def _call_now(stage: Stage, fn: Callable[..., T], *args: object) -> T:
+    return await stage.run(fn, *args)
+
+
+def _next_piece(pieces: Iterator[list[int]], run_options: object = None) -> list[int] | None:
+    """The next piece's phoneme ids, None after the last. (`run_options` is for the calling
+    convention of edged.preemption: phonemizing has no onnxruntime run to stop.)"""
+    return next(pieces, None)
 
 
 def lower_thread_priority(nice: int) -> None:

@@ -1,0 +1,80 @@
+"""Background synthesis (warm-up) stops its onnxruntime run for a live request and makes it again."""
+
+from __future__ import annotations
+
+import asyncio
+
+from edged.config import PipelineSettings, StageSettings
+from edged.engine import SynthesisParams, Voice
+from edged.pipeline import Pipeline, Stage, SynthesisRequest
+from edged.preemption import Preemption
+from edged.windows import Window
+
+LONG = ("When you get home this evening, please water the tomatoes on the balcony, feed the cat before "
+        "seven, and call the plumber about the dripping tap in the kitchen.")
+
+
+async def _until(condition, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.001)
+
+
+def test_a_live_request_stops_the_background_run_which_is_made_again_whole(voice: Voice) -> None:
+    ids = next(voice.pieces(LONG))
+    latents = voice.front(ids, SynthesisParams(noise_scale=0.0, noise_w=0.0))
+    window = Window(0, latents.n_frames, 0, latents.n_frames)  # one long run: easy to catch in flight
+    reference = voice.decode(latents, window)
+
+    async def scenario() -> None:
+        preemption = Preemption()
+        stage = Stage("back", StageSettings(concurrency=1, timeout_s=30))
+        background = asyncio.create_task(preemption.run(stage, voice.decode, latents, window))
+        await _until(lambda: stage.running == 1)
+        preemption.live_started()
+        await _until(lambda: preemption.preempted == 1)
+        await asyncio.sleep(0.05)
+        assert not background.done()  # waits while the live synthesis is about
+        assert stage.running == 0
+        preemption.live_ended()
+        assert await background == reference
+        assert preemption.preempted == 1
+        stage.close()
+
+    asyncio.run(scenario())
+
+
+class _Loaded:
+    def __init__(self, voice: Voice) -> None:
+        self._voice = voice
+
+    async def voice(self, voice_id: str, wait_s: float) -> Voice:
+        return self._voice
+
+
+def test_background_synthesis_takes_no_slot_and_waits_for_live_ones(voice: Voice) -> None:
+    def request(text: str) -> SynthesisRequest:
+        return SynthesisRequest(text, voice.voice_id, voice.manifest.version, voice.sample_rate)
+
+    async def scenario() -> None:
+        pipeline = Pipeline(PipelineSettings(max_active=1, queue_size=0), _Loaded(voice))
+        live = pipeline.synthesize_stream(request("Your timer is done."))
+        await anext(live)  # holds the only admission slot
+        background_chunks: list[bytes] = []
+
+        async def run_background() -> None:
+            async for chunk in pipeline.synthesize_stream(request("Warmed in the background."), background=True):
+                background_chunks.append(chunk)
+
+        background = asyncio.create_task(run_background())
+        await asyncio.sleep(0.3)
+        assert background_chunks == [] and not background.done()
+        assert pipeline.admission.active == 1  # the background synthesis took no slot
+        async for _ in live:
+            pass
+        await asyncio.wait_for(background, 30)
+        assert sum(map(len, background_chunks)) > voice.sample_rate // 2  # half a second at least
+        assert pipeline.counts.completed == 2
+        pipeline.close()
+
+    asyncio.run(scenario())
