@@ -41,12 +41,13 @@ MEDIUM = "The parcel you ordered on Monday was left with your neighbour at numbe
 
 
 class DaemonProcess:
-    def __init__(self, directory: Path, config: str = "") -> None:
+    def __init__(self, directory: Path, config: str = "", cache_home: Path | None = None) -> None:
         self.socket = directory / "edged.sock"
         config_file = directory / "edged.toml"
         config_file.write_text(config, encoding="utf-8")
         self.log = open(directory / "edged.log", "ab")  # noqa: SIM115 (closed in stop)
-        env = {**os.environ, "XDG_CACHE_HOME": str(directory / "cache")}  # a cache of its own, removed after
+        # A cache of its own, removed after the run unless the caller keeps one.
+        env = {**os.environ, "XDG_CACHE_HOME": str(cache_home or directory / "cache")}
         self.exec_at = time.perf_counter()
         self.proc = subprocess.Popen([sys.executable, "-m", "edged", "serve", "--socket", str(self.socket),
                                       "--config", str(config_file)], cwd=REPO, stdout=self.log,

@@ -115,6 +115,26 @@ def zipf_weights(n: int, exponent: float) -> list[float]:
     return [1.0 / (rank ** exponent) for rank in range(1, n + 1)]
 
 
+def zipf_exponent(n: int, top_fraction: float, share: float) -> float:
+    """The Zipf exponent over `n` phrases that sends `share` of the requests to the most frequent
+    `top_fraction` of them (0.2, 0.8: the "80/20" workload)."""
+    top = max(1, round(n * top_fraction))
+    low, high = 0.0, 10.0
+    for _ in range(60):  # bisection: the top's share grows with the exponent
+        middle = (low + high) / 2
+        weights = zipf_weights(n, middle)
+        low, high = (middle, high) if sum(weights[:top]) / sum(weights) < share else (low, middle)
+    return round((low + high) / 2, 4)
+
+
+def generated_phrases(count: int) -> list[str]:
+    """`count` distinct short prompts, the same on every run ("Order 17 is ready at counter 3.")."""
+    templates = ["Order {n} is ready at counter {c}.", "Parcel {n} has arrived at the front desk.",
+                 "Room {n} is free until {c} o'clock.", "Bus {n} leaves from stop {c} in five minutes.",
+                 "Table {n} would like to pay."]
+    return [templates[i % len(templates)].format(n=i // len(templates) + 1, c=i % 9 + 1) for i in range(count)]
+
+
 async def run_load(socket_path: Path, clients: int = 4, requests: int = 200, duration_s: float = 60.0,
                    phrases: list[str] | None = None, zipf: float = 1.1, seed: int = 1,
                    audio_format: str = "pcm", sample_rate: int = 22050,
@@ -170,15 +190,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=200, help="stop after this many requests")
     parser.add_argument("--duration", type=float, default=60.0, help="... or after this many seconds")
     parser.add_argument("--phrases", type=Path, help="phrase list, one per line (default: built in)")
+    parser.add_argument("--generated", type=int, metavar="N", help="use N generated phrases instead of a list")
     parser.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent over the phrase list")
+    parser.add_argument("--hot", metavar="FRACTION:SHARE",
+                        help="instead of --zipf: the exponent that sends SHARE of the requests to the top "
+                             "FRACTION of the phrases (0.2:0.8 is the 80/20 workload)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--format", choices=["wav", "pcm"], default="pcm")
     args = parser.parse_args(argv)
     phrases = None
     if args.phrases:
         phrases = [line.strip() for line in args.phrases.read_text(encoding="utf-8").splitlines() if line.strip()]
+    elif args.generated:
+        phrases = generated_phrases(args.generated)
+    exponent = args.zipf
+    if args.hot:
+        fraction, share = (float(part) for part in args.hot.split(":"))
+        exponent = zipf_exponent(len(phrases or PHRASES), fraction, share)
     report = asyncio.run(run_load(args.socket or default_socket(), args.clients, args.requests, args.duration,
-                                  phrases, args.zipf, args.seed, args.format))
+                                  phrases, exponent, args.seed, args.format))
     json.dump({"loadgen": report}, sys.stdout, indent=2)
     print()
     return 0 if report["ok"] else 1
