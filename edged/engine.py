@@ -132,12 +132,14 @@ class Voice:
         )
         return Latents(frames, mask)
 
-    def windows(self, latents: Latents) -> list[Window]:
+    def windows(self, latents: Latents, produced: int = 0) -> list[Window]:
+        """The back-graph windows of one piece, `produced` frames into the text."""
         streaming = self.manifest.streaming
         if self.settings.fixed_shape:
             return fixed_windows(latents.n_frames, streaming.fixed_window, streaming.context)
         return growing_windows(
-            latents.n_frames, streaming.first_window, streaming.max_window, streaming.context
+            latents.n_frames, streaming.first_window, streaming.max_window, streaming.context,
+            produced=produced,
         )
 
     def decode_float(self, latents: Latents, window: Window, run_options: RunOptions | None = None) -> np.ndarray:
@@ -157,10 +159,12 @@ class Voice:
 
     def synthesize(self, text: str, params: SynthesisParams | None = None) -> Iterator[bytes]:
         params = params or SynthesisParams()
+        produced = 0
         for ids in self.pieces(text):
             latents = self.front(ids, params)
-            for window in self.windows(latents):
+            for window in self.windows(latents, produced):
                 yield self.decode(latents, window)
+            produced += latents.n_frames
 
 
 def to_pcm16(audio: np.ndarray) -> bytes:

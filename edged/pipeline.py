@@ -232,12 +232,14 @@ class Pipeline:
 
             params = SynthesisParams(speed=request.speed)
             pieces = voice.pieces(request.text)  # lazy: each next() phonemizes a little more
+            produced = 0
             while (ids := await call(self.text, _next_piece, pieces)) is not None:
                 latents = await call(self.front, voice.front, ids, params)
-                for window in voice.windows(latents):
+                for window in voice.windows(latents, produced):
                     pcm = await call(self.back, voice.decode, latents, window)
                     self.counts.windows += 1
                     yield pcm
+                produced += latents.n_frames
             finished = True
         except (asyncio.CancelledError, GeneratorExit):
             self.counts.cancelled += 1

@@ -25,16 +25,18 @@ class Window:
 
 
 def growing_windows(
-    n_frames: int, first: int, largest: int, context: int, growth: int = 4
+    n_frames: int, first: int, largest: int, context: int, growth: int = 4, produced: int = 0
 ) -> list[Window]:
     """Windows of `first` frames, then `growth` times larger each time, up to `largest`.
 
     The first window is small so that audio starts early; later ones grow because every window
     pays for its context again, and by then the client has audio buffered (the decoder runs many
     times faster than real time). A tail shorter than the context joins the window before it.
+    A later piece of the same text, after `produced` frames, starts as large as that audio: the
+    client has it buffered, so small windows would only cost context again.
     """
     windows = []
-    start, size = 0, first
+    start, size = 0, min(largest, max(first, produced))
     while start < n_frames:
         end = min(n_frames, start + size)
         if n_frames - end < context:

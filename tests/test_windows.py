@@ -27,6 +27,14 @@ def test_growing_windows_cover_every_frame_once(n_frames: int) -> None:
         assert w.in_end - w.keep_end == min(32, n_frames - w.keep_end)
 
 
+def test_a_later_piece_starts_as_large_as_the_audio_before_it() -> None:
+    windows = growing_windows(1000, first=16, largest=512, context=32, produced=134)
+    _assert_covers(windows, 1000)
+    assert [w.keep_end - w.keep_start for w in windows] == [134, 512, 354]
+    assert growing_windows(1000, 16, 512, 32, produced=5000)[0].keep_end == 512
+    assert growing_windows(1000, 16, 512, 32, produced=0) == growing_windows(1000, 16, 512, 32)
+
+
 @pytest.mark.parametrize("n_frames", [1, 50, 127, 128, 129, 200, 1000, 1777])
 def test_fixed_windows_have_one_input_shape(n_frames: int) -> None:
     windows = fixed_windows(n_frames, window=64, context=32)
