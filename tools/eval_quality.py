@@ -78,8 +78,8 @@ class Streamed:
     """Sample index at which each piece after the first begins."""
 
 
-def stream(voice: Voice, latents: Latents) -> Streamed:
-    chunks = [voice.decode_float(latents, window) for window in voice.windows(latents)]
+def stream(voice: Voice, latents: Latents, produced: int = 0) -> Streamed:
+    chunks = [voice.decode_float(latents, window) for window in voice.windows(latents, produced)]
     starts = np.cumsum([0] + [len(c) for c in chunks])
     return Streamed(np.concatenate(chunks), [int(s) for s in starts[1:-1]])
 
@@ -87,8 +87,8 @@ def stream(voice: Voice, latents: Latents) -> Streamed:
 def synthesize(voice: Voice, text: str, params: SynthesisParams) -> Streamed:
     out = Streamed(np.zeros(0, dtype=np.float32))
     for ids in voice.pieces(text):
-        part = stream(voice, voice.front(ids, params))
         offset = len(out.audio)
+        part = stream(voice, voice.front(ids, params), offset // voice.manifest.hop_length)
         if offset:
             out.piece_joins.append(offset)
         out.joins += [offset + j for j in part.joins]
