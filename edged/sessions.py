@@ -24,7 +24,9 @@ class SessionSettings:
     spin: bool = False
     """Let idle onnxruntime threads spin for more work. Off: a voice has two sessions, each with its
     own pool, and on 2 cores the idle pool's spinning took CPU from the busy one (measured: short
-    sentence first audio 52-75 ms with spinning, 31-41 ms without; long-text RTF 0.049-0.066 vs 0.046)."""
+    sentence first audio 52-75 ms with spinning, 31-41 ms without; long-text RTF 0.049-0.066 vs 0.046).
+    Letting only the back's pool spin was ~10% faster for one stream, but under overload (2
+    syntheses at once) it completed ~15% fewer of them (tools.daemon_bench --only overload)."""
     prepack: bool = False
     """Let onnxruntime repack conv/matmul weights for its kernels, a heap copy of weights that
     otherwise stay in the mapped file. Measured with the int8 default: ~5% faster synthesis, but
