@@ -75,10 +75,13 @@ class App:
         path = scope["path"]
         status = 500
 
+        started = False
+
         async def tracked_send(message: dict[str, object]) -> None:
-            nonlocal status
+            nonlocal status, started
             if message["type"] == "http.response.start":
                 status = int(message["status"])  # type: ignore[call-overload]
+                started = True
             await send(message)
 
         try:
@@ -96,6 +99,12 @@ class App:
             status = 499  # nginx's "client closed request", for the metrics only
         except EdgedError as error:
             await send_error(tracked_send, error, self.settings.server.retry_after_s)
+        except Exception:  # a bug: the client still gets the contract's shape, the log the trace
+            log.exception("%s %s failed", scope["method"], path[:200])
+            if not started:
+                await send_error(tracked_send, EdgedError("internal error"), self.settings.server.retry_after_s)
+            else:
+                raise  # the response has begun: uvicorn closes the connection
         finally:
             self.metrics.count_request(path if path in self.routes else "other", status)
 
@@ -125,7 +134,7 @@ class App:
         require_admin(scope.get("edged.peer"), self.settings.server.admin_group)
         limits, server = self.settings.limits, self.settings.server
         raw = await read_body(scope, receive, limits.max_body_bytes, server.body_timeout_s)
-        query = {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode("latin-1")).items()}
+        query = {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True).items()}
         target = cache_scope({**query, **(parse_json(raw) if raw.strip() else {})})
         service = self._cache_service()
         dropped = await service.invalidate(target.voice, target.version, target.tag)

@@ -125,6 +125,10 @@ class CacheService:
         except (OSError, UnicodeDecodeError) as exc:
             log.error("cannot read warm_file %s: %s", path, exc)
             return
+        room = MAX_WARM_QUEUE - len(self._phrases)
+        if len(phrases) > room:  # a start-up file must not stop the daemon: warm what fits
+            log.error("warm_file %s has %d phrases; warming the first %d", path, len(phrases), room)
+            phrases = phrases[:room]
         log.info("warming %d phrase(s) from %s", len(phrases), path)
         self.add_warm(phrases)
 

@@ -260,9 +260,12 @@ def check(settings: Settings) -> None:
         if path.startswith("cache."):
             continue  # CacheSettings checks its own values
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if path.endswith(("queue_size", "compute_nice", "malloc_arenas")):
+            if path.endswith("compute_nice"):
                 if not 0 <= value <= 19:
-                    raise ConfigError(f"{path} must be between 0 and 19")
+                    raise ConfigError(f"{path} must be between 0 and 19")  # niceness steps
+            elif path.endswith(("queue_size", "malloc_arenas")):
+                if value < 0:
+                    raise ConfigError(f"{path} must be >= 0")
             elif value <= 0:
                 raise ConfigError(f"{path} must be > 0")
     if settings.voices.precision not in ("", "fp32", "int8"):

@@ -46,17 +46,23 @@ class SpeechBody:
 
 def parse_json(body: bytes) -> dict[str, Any]:
     """A JSON object from a request body that must be UTF-8."""
+    data = _load_json(body)
+    if not isinstance(data, dict):
+        raise BadInput("request body must be a JSON object")
+    return data
+
+
+def _load_json(body: bytes) -> Any:
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BadInput(f"request body is not valid UTF-8 (byte {exc.start})") from None
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise BadInput(f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    if not isinstance(data, dict):
-        raise BadInput("request body must be a JSON object")
-    return data
+    except (ValueError, RecursionError):  # a number of thousands of digits; nesting too deep
+        raise BadInput("malformed JSON: a number too long or nesting too deep") from None
 
 
 def synthesize_body(data: dict[str, Any], max_text_chars: int) -> SynthesizeBody:
@@ -85,7 +91,7 @@ def speech_body(data: dict[str, Any], max_text_chars: int) -> SpeechBody:
 def _no_unknown(data: dict[str, Any], known: tuple[str, ...]) -> None:
     unknown = sorted(set(data) - set(known))
     if unknown:
-        raise BadInput(f"unknown field {unknown[0]!r} (known: {', '.join(known)})")
+        raise BadInput(f"unknown field {_shown(unknown[0])} (known: {', '.join(known)})")
 
 
 def _text(data: dict[str, Any], name: str, max_chars: int) -> str:
@@ -125,7 +131,7 @@ def _speed(data: dict[str, Any]) -> float:
 def _format(data: dict[str, Any], name: str) -> AudioFormat:
     value = data.get(name, "wav")
     if value not in FORMATS:
-        raise BadInput(f"field {name!r} must be one of {', '.join(FORMATS)}, not {value!r}")
+        raise BadInput(f"field {name!r} must be one of {', '.join(FORMATS)}, not {_shown(value)}")
     return cast(AudioFormat, value)
 
 
@@ -155,6 +161,13 @@ class Phrase:
 
 def cache_scope(data: dict[str, Any]) -> CacheScope:
     _no_unknown(data, ("voice", "version", "tag"))
+    for name in ("voice", "version"):
+        value = data.get(name)
+        if value is not None and (not isinstance(value, str) or not value.isprintable() or len(value) > TAG_MAX):
+            raise BadInput(f"{name!r} must be a printable string of at most {TAG_MAX} characters")
+    for name in ("voice", "version", "tag"):
+        if data.get(name) == "":  # else it would read as "not given", and clear everything
+            raise BadInput(f"{name!r} is empty; leave it out to clear every {name}")
     scope = CacheScope(_optional_str(data, "voice"), _optional_str(data, "version"), _tag(data.get("tag")))
     if scope.version is not None and scope.voice is None:
         raise BadInput("'version' needs 'voice'")
@@ -163,7 +176,11 @@ def cache_scope(data: dict[str, Any]) -> CacheScope:
 
 def warm_body(body: bytes, max_text_chars: int) -> list[Phrase]:
     """{"phrases": [{"text", "voice"?} | "text", ...]} or a bare JSON list of them."""
-    data: Any = parse_json(body) if body.lstrip()[:1] != b"[" else {"phrases": _json_list(body)}
+    data = _load_json(body)
+    if isinstance(data, list):
+        data = {"phrases": data}
+    elif not isinstance(data, dict):
+        raise BadInput("request body must be a JSON object or list")
     _no_unknown(data, ("phrases",))
     items = data.get("phrases")
     if not isinstance(items, list):
@@ -180,14 +197,10 @@ def warm_body(body: bytes, max_text_chars: int) -> list[Phrase]:
     return phrases
 
 
-def _json_list(body: bytes) -> list[Any]:
-    try:
-        value = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadInput(f"malformed JSON: {exc}") from None
-    if not isinstance(value, list):
-        raise BadInput("request body must be a JSON object or list")
-    return value
+def _shown(value: Any) -> str:
+    """A client's value as quoted in an error message: cut short, the client sent it."""
+    shown = repr(value)
+    return shown if len(shown) <= 80 else shown[:80] + "..."
 
 
 def _tag(value: Any) -> str | None:

@@ -39,12 +39,21 @@ def test_partial_tables_keep_other_defaults(tmp_path: Path) -> None:
     ("[voices]\nprecision = \"fp16\"\n", "voices.precision"),
     ("[server\n", "not valid TOML"),
     ("pipeline = 3\n", "[pipeline] must be a table"),
+    ("[pipeline]\ncompute_nice = 20\n", "pipeline.compute_nice must be between 0 and 19"),
+    ("[pipeline]\nqueue_size = -1\n", "pipeline.queue_size must be >= 0"),
 ])
 def test_bad_config_is_refused_with_the_setting_named(tmp_path: Path, text: str, message: str) -> None:
     config = tmp_path / "edged.toml"
     config.write_text(text)
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         load_settings(config, env={})
+
+
+def test_queue_and_arenas_are_not_bounded_like_a_niceness(tmp_path: Path) -> None:
+    config = tmp_path / "edged.toml"
+    config.write_text("[pipeline]\nqueue_size = 50\n[server]\nmalloc_arenas = 32\n")
+    settings = load_settings(config, env={})
+    assert settings.pipeline.queue_size == 50 and settings.server.malloc_arenas == 32
 
 
 def test_socket_precedence(tmp_path: Path) -> None:

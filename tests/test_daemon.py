@@ -87,6 +87,8 @@ BAD_INPUT = [
     ("path as voice", b'{"text": "hi", "voice": "../models/en_US-joe-medium"}', 404, "unknown_voice"),
     ("text over the limit", json.dumps({"text": "a" * 100_001}).encode(), 413, "text_too_long"),
     ("body over the limit", b'{"text": "' + b"a" * 1_100_000 + b'"}', 413, "body_too_large"),
+    ("number of 5,000 digits", b'{"text": "hi", "speed": 1' + b"0" * 5000 + b"}", 400, "bad_request"),
+    ("nesting too deep", b"[" * 100_000, 400, "bad_request"),
 ]
 
 
@@ -97,6 +99,11 @@ def test_bad_input_gets_its_status_and_a_json_error(daemon: Daemon, body: bytes,
     assert reply.headers["content-type"] == "application/json"
     error = reply.json()["error"]
     assert error["code"] == code and error["message"]
+
+
+def test_an_error_quotes_a_huge_value_cut_short(daemon: Daemon) -> None:
+    reply = daemon.request("POST", "/v1/synthesize", {"text": "hi", "format": "x" * 500_000})
+    assert reply.status == 400 and len(reply.body) < 500
 
 
 def test_wrong_method_and_unknown_route(daemon: Daemon) -> None:

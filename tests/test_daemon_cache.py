@@ -94,6 +94,12 @@ def test_delete_by_tag_and_by_voice_makes_the_next_request_a_miss(cached: Daemon
     assert _synth(cached, "Untagged one.").headers["x-edged-cache"] == "hit"
     bad = cached.request("DELETE", "/v1/cache?version=1.0.0")
     assert bad.status == 400
+    # An empty or unusable filter is refused, not read as "everything".
+    for bad_request in (("/v1/cache?voice=", None), ("/v1/cache?tag=", None), ("/v1/cache", {"tag": ""}),
+                        ("/v1/cache", '{"voice": "\\ud800"}'), ("/v1/cache", {"version": "v\n1", "voice": voice})):
+        bad = cached.request("DELETE", *bad_request)
+        assert bad.status == 400 and bad.json()["error"]["code"] == "bad_request", bad_request
+    assert _synth(cached, "Untagged one.").headers["x-edged-cache"] == "hit"  # nothing was dropped
 
 
 def test_concurrent_identical_requests_are_synthesized_once(cached: Daemon) -> None:
@@ -175,6 +181,19 @@ def test_configured_warm_file_is_warmed_at_start(tmp_path: Path, bundle_dir: Pat
         warm = wait_for(lambda: (w := daemon.status()["cache"]["warm"])["done"] == 2 and w, timeout=30)
         assert warm == {"total": 2, "done": 2, "synthesized": 2, "failed": 0}
         assert _synth(daemon, "Also warmed at start.").headers["x-edged-cache"] == "hit"
+    finally:
+        assert daemon.stop() == 0
+
+
+def test_a_warm_file_longer_than_the_queue_is_cut_not_fatal(tmp_path: Path, bundle_dir: Path) -> None:
+    from edged.cacheservice import MAX_WARM_QUEUE
+
+    phrases = tmp_path / "phrases.txt"
+    phrases.write_text("".join(f"Phrase {i}.\n" for i in range(MAX_WARM_QUEUE + 1)), encoding="utf-8")
+    daemon = Daemon(tmp_path / "d", f'[cache]\nwarm_file = "{phrases}"\n').start()
+    try:
+        daemon.wait_state("READY")
+        assert daemon.status()["cache"]["warm"]["total"] == MAX_WARM_QUEUE
     finally:
         assert daemon.stop() == 0
 
