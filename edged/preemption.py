@@ -23,7 +23,7 @@ T = TypeVar("T")
 
 class Preemption:
     def __init__(self) -> None:
-        self.live = 0
+        self._live = 0
         """Live syntheses running or waiting for admission."""
         self.preempted = 0
         """Background runs stopped for a live request (each is made again later)."""
@@ -32,14 +32,14 @@ class Preemption:
         self._background_runs: set[ort.RunOptions] = set()
 
     def live_started(self) -> None:
-        self.live += 1
+        self._live += 1
         self._idle.clear()
         for run_options in self._background_runs:
             run_options.terminate = True
 
     def live_ended(self) -> None:
-        self.live -= 1
-        if self.live == 0:
+        self._live -= 1
+        if self._live == 0:
             self._idle.set()
 
     async def run(self, stage: Stage, fn: Callable[..., T], *args: object) -> T:

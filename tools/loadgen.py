@@ -177,6 +177,23 @@ async def run_load(socket_path: Path, clients: int = 4, requests: int = 200, dur
     }
 
 
+def positive_int(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive whole number")
+    return int(value)
+
+
+def hot_share(value: str) -> tuple[float, float]:
+    """--hot FRACTION:SHARE, both strictly between 0 and 1."""
+    try:
+        fraction, share = (float(part) for part in value.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not FRACTION:SHARE, e.g. 0.2:0.8") from None
+    if not (0 < fraction < 1 and 0 < share < 1):
+        raise argparse.ArgumentTypeError("FRACTION and SHARE must be between 0 and 1")
+    return fraction, share
+
+
 def default_socket() -> Path:
     from edged.config import default_socket_path
 
@@ -190,9 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=200, help="stop after this many requests")
     parser.add_argument("--duration", type=float, default=60.0, help="... or after this many seconds")
     parser.add_argument("--phrases", type=Path, help="phrase list, one per line (default: built in)")
-    parser.add_argument("--generated", type=int, metavar="N", help="use N generated phrases instead of a list")
+    parser.add_argument("--generated", type=positive_int, metavar="N", help="use N generated phrases instead of a list")
     parser.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent over the phrase list")
-    parser.add_argument("--hot", metavar="FRACTION:SHARE",
+    parser.add_argument("--hot", metavar="FRACTION:SHARE", type=hot_share,
                         help="instead of --zipf: the exponent that sends SHARE of the requests to the top "
                              "FRACTION of the phrases (0.2:0.8 is the 80/20 workload)")
     parser.add_argument("--seed", type=int, default=1)
@@ -205,8 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         phrases = generated_phrases(args.generated)
     exponent = args.zipf
     if args.hot:
-        fraction, share = (float(part) for part in args.hot.split(":"))
-        exponent = zipf_exponent(len(phrases or PHRASES), fraction, share)
+        exponent = zipf_exponent(len(phrases or PHRASES), *args.hot)
     report = asyncio.run(run_load(args.socket or default_socket(), args.clients, args.requests, args.duration,
                                   phrases, exponent, args.seed, args.format))
     json.dump({"loadgen": report}, sys.stdout, indent=2)
