@@ -18,7 +18,6 @@ MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
 
 Precision = Literal["fp32", "int8"]
-Graph = Literal["front", "back"]
 
 
 @dataclass(frozen=True)

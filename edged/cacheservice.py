@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .config import CacheConfig
-from .errors import BadInput, Busy, NotReady
+from .errors import Busy, NotReady
 from .messages import Phrase, parse_phrase_lines
 from .pipeline import Pipeline, SynthesisRequest
 
@@ -93,9 +93,7 @@ class CacheService:
 
     async def invalidate(self, voice: str | None, version: str | None, tag: str | None) -> dict[str, Any]:
         """Drop entries of a voice (one version or all), of a tag, or (nothing given) everything."""
-        assert self.cache is not None
-        if version is not None and voice is None:
-            raise BadInput("'version' needs 'voice'")
+        assert self.cache is not None  # a version without a voice is refused by messages.cache_scope
         results = []
         if voice is not None:
             results.append(await self.cache.invalidate_voice(voice, version))

@@ -13,8 +13,10 @@ from .errors import BadInput, EdgedError
 def _synth(args: argparse.Namespace) -> int:
     from .engine import EngineSettings, SynthesisParams, Voice
     from .voices import find_bundle
-    from .wav import wav_header
+    from .wav import wav_header, write_sizes
 
+    if not args.raw and args.output is None:  # before reading stdin or loading the voice
+        raise BadInput("give -o FILE.wav, or --raw for PCM on stdout")
     text = _read_text(args.text)
     params = SynthesisParams(speed=args.speed)
     settings = EngineSettings(precision=args.precision, fixed_shape=args.fixed_shape)
@@ -26,19 +28,16 @@ def _synth(args: argparse.Namespace) -> int:
             out.write(pcm)
             out.flush()
         return 0
-    if args.output is None:
-        raise BadInput("give -o FILE.wav, or --raw for PCM on stdout")
     # Written beside the target and renamed at the end: a failure leaves no half-written file.
     partial = args.output.with_name(args.output.name + ".part")
     try:
         with open(partial, "wb") as wav:
-            wav.write(wav_header(voice.sample_rate, 0))
+            wav.write(wav_header(voice.sample_rate))
             data_bytes = 0
             for pcm in chunks:
                 wav.write(pcm)
                 data_bytes += len(pcm)
-            wav.seek(0)
-            wav.write(wav_header(voice.sample_rate, data_bytes))
+            write_sizes(wav, data_bytes)
         partial.replace(args.output)
     finally:
         partial.unlink(missing_ok=True)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .config import default_socket_path
+from .wav import write_sizes
 
 CHUNK = 64 * 1024
 WARM_POLL_S = 0.25
@@ -110,7 +111,7 @@ def _synth(args: argparse.Namespace) -> int:
     with open(args.output, "wb") as out:
         size = _copy(response, out)
         if args.format == "wav" and size >= 44:
-            _fix_wav_sizes(out, size)
+            write_sizes(out, size - 44)
     return 0
 
 
@@ -122,14 +123,6 @@ def _copy(response: http.client.HTTPResponse, out: BinaryIO) -> int:
         out.flush()
         size += len(chunk)
     return size
-
-
-def _fix_wav_sizes(out: BinaryIO, size: int) -> None:
-    """A streamed WAV header carries no sizes; a finished file can have the real ones."""
-    out.seek(4)
-    out.write((size - 8).to_bytes(4, "little"))
-    out.seek(40)
-    out.write((size - 44).to_bytes(4, "little"))
 
 
 def _status(args: argparse.Namespace) -> int:

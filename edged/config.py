@@ -18,6 +18,7 @@ from typing import Any
 
 from .cache.settings import CacheSettings
 from .errors import ConfigError
+from .voices import DEFAULT_VOICE
 
 OPENAI_VOICE_NAMES = (
     "alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse",
@@ -97,7 +98,7 @@ class PipelineSettings:
 
 @dataclass
 class VoiceSettings:
-    default: str = "en_US-joe-medium"
+    default: str = DEFAULT_VOICE
     """Voice used when a request names none; READY waits for it."""
     preload: list[str] = field(default_factory=list)
     """Other voices loaded at start, in parallel with the default one."""

@@ -27,7 +27,6 @@ from .windows import Window, fixed_windows, growing_windows
 
 log = logging.getLogger(__name__)
 
-LATENT_CHANNELS = 192
 _INT16_MAX = 32767.0
 
 

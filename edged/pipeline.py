@@ -218,7 +218,7 @@ class Pipeline:
         if background:
             call = self.preemption.run
         else:
-            call = _call_now
+            call = Stage.run
             self.preemption.live_started()
             try:
                 await self.admission.enter()
@@ -257,10 +257,6 @@ class Pipeline:
     def close(self) -> None:
         for stage in self.stages:
             stage.close()
-
-
-async def _call_now(stage: Stage, fn: Callable[..., T], *args: object) -> T:
-    return await stage.run(fn, *args)
 
 
 def _next_piece(pieces: Iterator[list[int]], run_options: object = None) -> list[int] | None:

@@ -42,7 +42,6 @@ class VoiceInfo:
 class VoiceRegistry:
     def __init__(self, settings: VoiceSettings, compute_nice: int = 0) -> None:
         self.settings = settings
-        self.compute_nice = compute_nice
         self.search = [Path(p) for p in settings.search_path] + voice_dirs()
         self._infos: dict[str, VoiceInfo] = {}
         self._loads: dict[str, concurrent.futures.Future[Voice]] = {}

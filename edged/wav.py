@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from typing import BinaryIO
 
 STREAMING_SIZE = 0xFFFFFFFF
 """Size field of a header written before the audio's length is known (what ffmpeg and sox do)."""
@@ -16,3 +17,11 @@ def wav_header(sample_rate: int, data_bytes: int = STREAMING_SIZE) -> bytes:
         + b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
         + b"data" + struct.pack("<I", data_bytes)
     )
+
+
+def write_sizes(wav: BinaryIO, data_bytes: int) -> None:
+    """Put the real sizes into a header written as streaming, once the audio is complete."""
+    wav.seek(4)
+    wav.write(struct.pack("<I", 36 + data_bytes))
+    wav.seek(40)
+    wav.write(struct.pack("<I", data_bytes))

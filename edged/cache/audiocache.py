@@ -25,10 +25,10 @@ from typing import Any, TypeVar
 
 from . import generations as gen
 from .diskstore import DiskState, DiskStore, EvictionPolicy
-from .flight import AudioStream, Flight
+from .flight import AudioStream, Flight, chunks_of
 from .key import CacheKey
 from .memory import MemoryTier
-from .record import CachedAudio, EntryMeta
+from .record import CachedAudio, EntryMeta, audio_checksum
 from .settings import CacheSettings
 
 log = logging.getLogger(__name__)
@@ -190,8 +190,8 @@ class AudioCache:
                     self._remember(entry)
                     self._write(self.disk.touch, digest)  # type: ignore[union-attr]
                     flight.resolve("hit")
-                    for i in range(0, len(entry.audio), self.settings.chunk_bytes):
-                        flight.append(entry.audio[i : i + self.settings.chunk_bytes])
+                    for chunk in chunks_of(entry.audio, self.settings.chunk_bytes):
+                        flight.append(chunk)
                     flight.finish()
                     return
                 if entry is not None:
@@ -237,7 +237,7 @@ class AudioCache:
         if self._generations.snapshot(key.voice, key.version, tag) != flight.generations:
             self._counters.not_stored += 1  # invalidated while it was being synthesized
             return
-        audio, checksum = flight.audio()
+        audio = flight.audio()
         now = time.time()
         ttl = self.settings.ttl_seconds
         jitter = self.settings.ttl_jitter
@@ -246,7 +246,7 @@ class AudioCache:
             key=key.digest, voice=key.voice, version=key.version, format=key.format,
             sample_rate=sample_rate, tag=tag, created=now,
             expires=now + lifetime if lifetime else None, generations=flight.generations,
-            sha256=checksum, size=len(audio),
+            sha256=audio_checksum(audio), size=len(audio),
         )
         entry = CachedAudio(meta, audio)
         self._remember(entry)

@@ -53,14 +53,12 @@ class DiskStats:
     """Entries that failed their checksum or were unreadable: dropped, never served."""
     evictions: int = 0
     """Entries the tier removed itself: over its byte cap, or expired."""
-    stores: int = 0
     store_failures: dict[str, int] = field(default_factory=dict)
     """Failed writes by reason: disk_full, unwritable, io_error, busy, corrupt."""
     store_skipped: int = 0
     """Writes not tried while paused after a failure (or queue full, counted by the facade)."""
     recoveries: int = 0
     """Times a corrupted database was moved aside and rebuilt."""
-    touches: int = 0
 
 
 class DiskStore:
@@ -290,7 +288,6 @@ class DiskStore:
             disk.discard_unsaved()
             self._store_failed(error)
             return False
-        self.stats.stores += 1
         self.stats.evictions += max(0, before + (0 if existed else 1) - after)
         self._refresh_volume(cache)
         if self.state == "paused":
@@ -310,7 +307,6 @@ class DiskStore:
             with self._db_lock:
                 self._db.execute("UPDATE Cache SET store_time = ? WHERE key = ? AND raw = 1",
                                  (time.time(), digest))
-            self.stats.touches += 1
         except sqlite3.DatabaseError as error:
             self._on_db_error(error, "touch")
 

@@ -9,7 +9,6 @@ cancels the producer and stores nothing). Event-loop thread only.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 import weakref
 from collections.abc import AsyncIterator, Callable
@@ -21,6 +20,10 @@ _tokens = itertools.count()
 HIGH_WATER = 4 * 1024 * 1024
 """Once a flight is too long to cache, its producer waits while the slowest stream lags by more
 than this many bytes, so memory stays bounded."""
+
+
+def chunks_of(audio: bytes, size: int) -> list[bytes]:
+    return [audio[i : i + size] for i in range(0, len(audio), size)]
 
 
 class Flight:
@@ -40,7 +43,6 @@ class Flight:
         self.error: BaseException | None = None
         self.status: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self.task: asyncio.Task[None] | None = None
-        self._checksum = hashlib.sha256()
         self._positions: dict[int, int] = {}
         self._on_abandon = on_abandon
         self._more = asyncio.Event()
@@ -50,7 +52,7 @@ class Flight:
     def complete(cls, audio: bytes, chunk_bytes: int) -> Flight:
         """A finished flight over audio already at hand (a cache hit)."""
         flight = cls(len(audio), lambda _: None)
-        flight.chunks = [audio[i : i + chunk_bytes] for i in range(0, len(audio), chunk_bytes)]
+        flight.chunks = chunks_of(audio, chunk_bytes)
         flight.size = flight.buffered = len(audio)
         flight.done = True
         flight.status.set_result("hit")
@@ -66,11 +68,9 @@ class Flight:
         self.chunks.append(chunk)
         self.size += len(chunk)
         self.buffered += len(chunk)
-        if self.cacheable:
-            self._checksum.update(chunk)
-            if self.size > self.max_bytes:
-                self.cacheable = False
-                self._trim()
+        if self.cacheable and self.size > self.max_bytes:
+            self.cacheable = False
+            self._trim()
         self._wake()
 
     def finish(self, error: BaseException | None = None) -> None:
@@ -85,10 +85,10 @@ class Flight:
             self._room.clear()
             await self._room.wait()
 
-    def audio(self) -> tuple[bytes, str]:
-        """The whole audio and its sha256 hex (cacheable flights only)."""
+    def audio(self) -> bytes:
+        """The whole audio (cacheable flights only)."""
         assert self.cacheable and self.base == 0
-        return b"".join(self.chunks), self._checksum.hexdigest()
+        return b"".join(self.chunks)
 
     # -- stream side -----------------------------------------------------------------------------
 
