@@ -14,13 +14,14 @@ import asyncio
 import collections
 import dataclasses
 import logging
+import math
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .config import CacheConfig
-from .errors import Busy, NotReady
+from .errors import Busy
 from .messages import Phrase, parse_phrase_lines
 from .pipeline import Pipeline, SynthesisRequest
 
@@ -131,29 +132,23 @@ class CacheService:
         self.add_warm(phrases)
 
     async def _warm_all(self) -> None:
-        unloadable: set[str] = set()  # voices that failed to load: not tried again for each phrase
         while self._phrases:
             phrase = self._phrases.popleft()
             try:
-                await self._warm_one(phrase, unloadable)
+                await self._warm_one(phrase)
             except Exception as exc:  # noqa: BLE001 (bad phrase, unknown voice, busy, cache closing)
                 self.warm.failed += 1
                 log.warning("warm-up of %r failed: %s", phrase.text[:60], exc)
             finally:
                 self.warm.done += 1
 
-    async def _warm_one(self, phrase: Phrase, unloadable: set[str]) -> None:
+    async def _warm_one(self, phrase: Phrase) -> None:
         info = self.registry.info(phrase.voice or self.default_voice)
         request = SynthesisRequest(phrase.text, info.voice_id, info.version, info.sample_rate, 1.0, "pcm")
 
         async def in_background() -> AsyncIterator[bytes]:
-            if info.voice_id in unloadable:
-                raise NotReady(f"voice {info.voice_id!r} failed to load")
-            try:
-                await asyncio.wrap_future(self.registry.load(info.voice_id))
-            except Exception:
-                unloadable.add(info.voice_id)
-                raise
+            # The registry's rules (load_on_demand; a failed load is not tried again), no deadline.
+            await self.registry.voice(info.voice_id, math.inf)
             self.warm.synthesized += 1
             async for chunk in self.pipeline.synthesize_stream(request, background=True):
                 yield chunk
