@@ -91,10 +91,33 @@ class DaemonProcess:
             connection.close()
 
     def stop(self) -> int:
+        """SIGTERM and the exit code; SIGKILL if it does not exit within a minute."""
         self.proc.terminate()
-        code = self.proc.wait(60)
+        try:
+            return self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(10)
+        finally:
+            self.log.close()
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would: no shutdown at all."""
+        self.proc.kill()
+        self.proc.wait(10)
         self.log.close()
-        return code
+
+    def close(self) -> None:
+        """Stopped, whatever happened before (a failed measurement, a kill)."""
+        if self.proc.poll() is None:
+            self.stop()
+        self.log.close()
+
+    def __enter__(self) -> DaemonProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def measure_start(runs: int, workdir: Path, config: str = "") -> dict[str, Any]:
@@ -102,14 +125,11 @@ def measure_start(runs: int, workdir: Path, config: str = "") -> dict[str, Any]:
     for i in range(runs):
         directory = workdir / f"start{i}"
         directory.mkdir()
-        daemon = DaemonProcess(directory, config)
-        try:
+        with DaemonProcess(directory, config) as daemon:
             figures = daemon.wait_ready()
-            figures["rss_at_ready_mb"] = daemon.memory()["rss"]
-            figures["anon_at_ready_mb"] = daemon.memory()["anon"]
+            memory = daemon.memory()
+            figures["rss_at_ready_mb"], figures["anon_at_ready_mb"] = memory["rss"], memory["anon"]
             samples.append(figures)
-        finally:
-            daemon.stop()
     ready = [s["ready_ms"] for s in samples]
     return {"runs": runs, "ready_ms_best": min(ready), "ready_ms_median": statistics.median(ready),
             "answering_ms_median": statistics.median(s["answering_ms"] for s in samples),

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import statistics
 import sys
 import tempfile
@@ -66,21 +65,21 @@ async def wait_flushed(daemon: DaemonProcess) -> None:
 def measure_restart(directory: Path, config: str, runs: int) -> dict[str, Any]:
     body = {"text": PHRASE, "format": "pcm"}
     daemon = DaemonProcess(directory, config)
-    daemon.wait_ready()
-    first = asyncio.run(synthesize(daemon.socket, body))
-    asyncio.run(wait_flushed(daemon))
     samples, states = [], []
-    for _ in range(runs):
-        daemon.proc.send_signal(signal.SIGKILL)
-        daemon.proc.wait(10)
-        daemon.log.close()
-        daemon = DaemonProcess(directory, config)
-        samples.append(asyncio.run(first_audio_after(daemon, body)) * 1000)
-        states.append(daemon.health())
-        outcome = asyncio.run(synthesize(daemon.socket, body))
-        if outcome.audio_bytes != first.audio_bytes:
-            raise RuntimeError("a restarted daemon served other audio")
-    daemon.stop()
+    try:
+        daemon.wait_ready()
+        first = asyncio.run(synthesize(daemon.socket, body))
+        asyncio.run(wait_flushed(daemon))
+        for _ in range(runs):
+            daemon.kill()
+            daemon = DaemonProcess(directory, config)
+            samples.append(asyncio.run(first_audio_after(daemon, body)) * 1000)
+            states.append(daemon.health())
+            outcome = asyncio.run(synthesize(daemon.socket, body))
+            if outcome.audio_bytes != first.audio_bytes:
+                raise RuntimeError("a restarted daemon served other audio")
+    finally:
+        daemon.close()
     return {"runs": runs, "exec_to_first_audio_ms_best": round(min(samples), 1),
             "exec_to_first_audio_ms_median": round(statistics.median(samples), 1),
             "exec_to_first_audio_ms_max": round(max(samples), 1),
@@ -211,25 +210,18 @@ def main(argv: list[str] | None = None) -> int:
             report["restart"] = measure_restart(workdir / "restart", config, 3 if args.quick else 7)
         if "zipf" in only:
             (workdir / "zipf").mkdir()
-            daemon = DaemonProcess(workdir / "zipf", config or ZIPF_CONFIG, cache_home=args.cache_dir)
-            try:
+            with DaemonProcess(workdir / "zipf", config or ZIPF_CONFIG, cache_home=args.cache_dir) as daemon:
                 daemon.wait_ready()
                 report["zipf"] = measure_zipf(daemon, generated_phrases(args.phrases), args.clients,
                                               2000 if args.quick else 20_000)
-            finally:
-                daemon.stop()
         if "warm_yield" in only:
             (workdir / "warm").mkdir()
-            daemon = DaemonProcess(workdir / "warm", config)
-            try:
+            with DaemonProcess(workdir / "warm", config) as daemon:
                 daemon.wait_ready()
                 report["warm_yield"] = asyncio.run(measure_warm_yield(daemon, 5 if args.quick else 20))
-            finally:
-                daemon.stop()
         if only & {"hit", "load"}:
             (workdir / "main").mkdir()
-            daemon = DaemonProcess(workdir / "main", config)
-            try:
+            with DaemonProcess(workdir / "main", config) as daemon:
                 daemon.wait_ready()
                 if "hit" in only:
                     report["hit"] = asyncio.run(measure_hits(daemon, 300 if args.quick else 2000))
@@ -240,8 +232,6 @@ def main(argv: list[str] | None = None) -> int:
                     report["load"] = {**load, "target": {"throughput_rps": 800, "total_p99_ms": 50}}
                     report["load"]["cache"] = {k: v for k, v in daemon.status()["cache"].items()
                                                if k in ("memory_hits", "memory_misses", "joined", "disk_hits")}
-            finally:
-                daemon.stop()
     print_report({"daemon_cache": report}, args.out)
     return 0
 

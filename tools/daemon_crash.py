@@ -23,7 +23,6 @@ import hashlib
 import http.client
 import json
 import random
-import signal
 import tempfile
 import threading
 import time
@@ -149,9 +148,7 @@ def crash_rounds(rounds: int, directory: Path, seed: int = 0, new_per_round: int
             ready_ms.append(daemon.wait_ready(timeout_s=60)["ready_ms"])
         except RuntimeError:
             failed_starts += 1
-            daemon.proc.kill()
-            daemon.proc.wait(10)
-            daemon.log.close()
+            daemon.kill()
             continue
         known = list(ledger.latest)
         texts = [phrase(next_phrase + k) for k in range(new_per_round)]
@@ -164,10 +161,8 @@ def crash_rounds(rounds: int, directory: Path, seed: int = 0, new_per_round: int
         runner.start()
         runner.join(rng.uniform(0.05, max_delay))
         stop.set()  # no new requests: those under way are cut by the kill
-        daemon.proc.send_signal(signal.SIGKILL)
-        daemon.proc.wait(10)
+        daemon.kill()
         runner.join(60)
-        daemon.log.close()
     ready_ms.sort()
     return {"rounds": rounds, "failed_starts": failed_starts, **ledger.counts,
             "phrases": len(ledger.latest),
