@@ -29,6 +29,7 @@ from typing import Any
 
 from edged.client import UnixConnection
 
+from .bench import TEXTS
 from .loadgen import percentiles, run_load, synthesize
 from .procmem import read_memory
 
@@ -37,7 +38,7 @@ LONG = ("When you get home this evening, please remember to water the tomatoes a
         "feed the cat before seven, check whether the parcel from your sister has arrived at the front desk "
         "downstairs, call the plumber about the dripping tap in the kitchen, and, if there is still time "
         "before dinner, take the recycling out to the green bins behind the garage.")
-MEDIUM = "The parcel you ordered on Monday was left with your neighbour at number twelve because nobody was home."
+MEDIUM = TEXTS["medium"]
 
 
 class DaemonProcess:
