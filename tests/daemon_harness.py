@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -124,15 +125,23 @@ def post_raw(body: bytes, path: str = "/v1/synthesize") -> bytes:
 
 
 def read_head(sock: socket.socket) -> tuple[int, bytes]:
-    """The status of a response and whatever body bytes came with its headers."""
+    """The status of a response and its body when it has a Content-Length (an error); for a
+    streamed one, whatever body bytes came with its headers."""
     data = b""
     while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise AssertionError(f"connection closed before the headers: {data!r}")
-        data += chunk
+        data += _recv(sock, data)
     head, _, rest = data.partition(b"\r\n\r\n")
+    length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+    while length and len(rest) < int(length.group(1)):  # the body may come in a later packet
+        rest += _recv(sock, data + rest)
     return int(head.split(b" ", 2)[1]), rest
+
+
+def _recv(sock: socket.socket, so_far: bytes) -> bytes:
+    chunk = sock.recv(65536)
+    if not chunk:
+        raise AssertionError(f"connection closed early: {so_far[:300]!r}")
+    return chunk
 
 
 def wait_for(predicate: Any, timeout: float = 10.0, interval: float = 0.02) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -76,17 +77,17 @@ def test_overload_is_refused_at_once_and_service_resumes(tmp_path: Path, bundle_
     daemon = Daemon(tmp_path, "[pipeline]\nmax_active = 1\nqueue_size = 1\n").start()
     try:
         daemon.wait_state("READY")
-        clients = [daemon.connect() for _ in range(8)]
-        for i, sock in enumerate(clients):  # 8 requests at once against room for 1 running + 1 waiting
-            text = f"{MEDIUM} Copy {i}."  # distinct: identical ones would share one synthesis (the cache)
-            sock.sendall(post_raw(json.dumps({"text": text, "format": "pcm"}).encode()))
         statuses = []
-        for sock in clients:
-            status, body = read_head(sock)
-            statuses.append(status)
-            if status == 503:
-                assert json.loads(body)["error"]["code"] == "busy"
-            sock.close()
+        with contextlib.ExitStack() as closing:
+            clients = [closing.enter_context(daemon.connect()) for _ in range(8)]
+            for i, sock in enumerate(clients):  # 8 requests at once against room for 1 running + 1 waiting
+                text = f"{MEDIUM} Copy {i}."  # distinct: identical ones would share one synthesis (the cache)
+                sock.sendall(post_raw(json.dumps({"text": text, "format": "pcm"}).encode()))
+            for sock in clients:
+                status, body = read_head(sock)
+                statuses.append(status)
+                if status == 503:
+                    assert json.loads(body)["error"]["code"] == "busy"
         assert sorted(statuses) == [200, 200] + [503] * 6
         status = daemon.status()
         assert status["admission"]["rejected"] == 6
