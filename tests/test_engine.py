@@ -108,6 +108,20 @@ def test_tampered_graph_is_refused_at_load(bundle_dir: Path, tmp_path: Path) -> 
         Voice.load(copy, EngineSettings(precision="fp32"))
 
 
+def test_tampered_weights_are_refused_at_load(bundle_dir: Path, tmp_path: Path) -> None:
+    # Weights are hashed while the sessions are made: a mismatch must still refuse the voice.
+    copy = _copy_bundle(bundle_dir, tmp_path / "bundle")
+    weights = copy / (read_manifest(bundle_dir).graphs["int8"]["back"] + ".data")
+    _replace_with_copy(weights)
+    with weights.open("r+b") as f:
+        f.seek(weights.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(BundleError, match="back.int8.onnx.data fails its sha256"):
+        Voice.load(copy, EngineSettings(precision="int8"))
+
+
 def test_truncated_weights_are_refused_at_load(bundle_dir: Path, tmp_path: Path) -> None:
     copy = _copy_bundle(bundle_dir, tmp_path / "bundle")
     weights = copy / (read_manifest(bundle_dir).graphs["fp32"]["front"] + ".data")
