@@ -6,7 +6,8 @@ import asyncio
 
 from daemon_harness import Daemon
 
-from tools.loadgen import generated_phrases, percentiles, run_load, zipf_exponent, zipf_weights
+from tools.loadgen import generated_phrases, run_load, zipf_exponent, zipf_weights
+from tools.stats import percentiles
 
 
 def test_percentiles_are_nearest_rank() -> None:

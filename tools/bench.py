@@ -24,12 +24,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from edged.bundle import Precision
 
 from .bench_worker import ENGINES, Engine, Timing, serve
 from .procmem import MemoryFigures, read_memory
+from .stats import median, percentile
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -192,28 +191,20 @@ def measure(settings: BenchSettings) -> dict[Engine, _EngineRun]:
     return runs
 
 
-def _median(values: list[float], digits: int = 1) -> float:
-    return round(float(np.median(values)), digits)
-
-
-def _p90(values: list[float]) -> float:
-    return round(float(np.percentile(values, 90)), 1)
-
-
 def summarize(run: _EngineRun) -> dict[str, Any]:
     by_text = run.timings
-    ttfa = {label: _median([t.ttfa_ms for t in ts]) for label, ts in by_text.items()}
+    ttfa = {label: median([t.ttfa_ms for t in ts]) for label, ts in by_text.items()}
     ttfa["long_minus_short"] = round(ttfa["long"] - ttfa["short"], 1)
     every = [t for ts in by_text.values() for t in ts]
     after = run.memory["synthesized"]
     report: dict[str, Any] = {
         "ttfa_ms": ttfa,
-        "ttfa_p90_ms": {label: _p90([t.ttfa_ms for t in ts]) for label, ts in by_text.items()},
-        "total_ms": {label: _median([t.total_ms for t in ts]) for label, ts in by_text.items()},
-        "audio_s": {label: _median([t.audio_s for t in ts], 2) for label, ts in by_text.items()},
+        "ttfa_p90_ms": {label: percentile([t.ttfa_ms for t in ts], 90) for label, ts in by_text.items()},
+        "total_ms": {label: median([t.total_ms for t in ts]) for label, ts in by_text.items()},
+        "audio_s": {label: median([t.audio_s for t in ts], digits=2) for label, ts in by_text.items()},
         # All timed runs together: total synthesis time over total audio.
         "rtf": round(sum(t.total_ms for t in every) / 1000 / sum(t.audio_s for t in every), 4),
-        "rtf_by_text": {label: _median([t.total_ms / 1000 / t.audio_s for t in ts], 4)
+        "rtf_by_text": {label: median([t.total_ms / 1000 / t.audio_s for t in ts], digits=4)
                         for label, ts in by_text.items()},
         "load_ms": round(run.load_ms, 1),
         "load_detail": run.detail,
@@ -224,8 +215,8 @@ def summarize(run: _EngineRun) -> dict[str, Any]:
     }
     if run.sweep:
         report["sweep"] = [
-            {"clauses": size, "audio_s": _median([t.audio_s for t in ts], 2),
-             "ttfa_ms": _median([t.ttfa_ms for t in ts])}
+            {"clauses": size, "audio_s": median([t.audio_s for t in ts], digits=2),
+             "ttfa_ms": median([t.ttfa_ms for t in ts])}
             for size, ts in sorted(run.sweep.items())
         ]
     return report

@@ -42,6 +42,8 @@ from edged.cache.generations import Generations
 from edged.cache.memory import MemoryTier
 from edged.cache.record import CachedAudio, EntryMeta, audio_checksum
 
+from .stats import percentile
+
 MiB = 1024 * 1024
 POLICIES: dict[str, tuple[EvictionPolicy, str]] = {
     "lru": ("least-recently-used", "none"),
@@ -76,7 +78,8 @@ class Workload:
 
 
 def pct(values: list[float], q: float) -> float:
-    return round(float(np.percentile(values, q)) * 1000, 3) if values else 0.0
+    """The `q`th percentile of `values` (seconds) in ms, 3 decimals; 0.0 when there are none."""
+    return percentile(values, q, scale=1000, digits=3) if values else 0.0
 
 
 def open_store(root: Path, name: str, policy: EvictionPolicy, cap: int) -> DiskStore:
@@ -227,8 +230,7 @@ async def memory_hit_latency(root: Path, n: int) -> dict[str, Any]:
             await stream.read_all()
         times.append(time.perf_counter() - t0)
     await cache.close()
-    return {"n": n, "p50_us": round(float(np.percentile(times, 50)) * 1e6, 1),
-            "p99_us": round(float(np.percentile(times, 99)) * 1e6, 1)}
+    return {"n": n, "p50_us": percentile(times, 50, scale=1e6), "p99_us": percentile(times, 99, scale=1e6)}
 
 
 def main() -> None:

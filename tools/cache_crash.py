@@ -30,6 +30,8 @@ from edged.cache import AudioCache, CacheKey, CacheSettings
 from edged.cache.diskstore import DiskStore
 from edged.cache.generations import Generations
 
+from .stats import middle_and_max
+
 PHRASES = 1500
 REPO = Path(__file__).resolve().parent.parent
 
@@ -111,7 +113,7 @@ def crash_rounds(rounds: int, directory: Path, max_delay: float = 0.4, seed: int
         row = verify(directory)
         row["writer_ready"] = ready
         rows.append(row)
-    opens = sorted(r["open_ms"] for r in rows)
+    open_p50, open_max = middle_and_max(r["open_ms"] for r in rows)
     return {
         "rounds": rounds,
         "wrong": sum(r["wrong"] for r in rows),
@@ -122,7 +124,7 @@ def crash_rounds(rounds: int, directory: Path, max_delay: float = 0.4, seed: int
         "orphans_left": max(r["orphans"] for r in rows),
         "failed_opens": sum(r["state"] != "ok" for r in rows),
         "writers_ready": sum(r["writer_ready"] for r in rows),
-        "open_ms_p50": opens[len(opens) // 2], "open_ms_max": opens[-1],
+        "open_ms_p50": open_p50, "open_ms_max": open_max,
     }
 
 

@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,8 +29,9 @@ from typing import Any
 from edged.client import UnixConnection
 
 from .bench import TEXTS
-from .loadgen import percentiles, run_load, synthesize
+from .loadgen import run_load, synthesize
 from .procmem import read_memory
+from .stats import median, percentiles
 
 REPO = Path(__file__).resolve().parent.parent
 LONG = ("When you get home this evening, please remember to water the tomatoes and the herbs on the balcony, "
@@ -132,8 +132,8 @@ def measure_start(runs: int, workdir: Path, config: str = "") -> dict[str, Any]:
             figures["rss_at_ready_mb"], figures["anon_at_ready_mb"] = memory["rss"], memory["anon"]
             samples.append(figures)
     ready = [s["ready_ms"] for s in samples]
-    return {"runs": runs, "ready_ms_best": min(ready), "ready_ms_median": statistics.median(ready),
-            "answering_ms_median": statistics.median(s["answering_ms"] for s in samples),
+    return {"runs": runs, "ready_ms_best": min(ready), "ready_ms_median": median(ready),
+            "answering_ms_median": median(s["answering_ms"] for s in samples),
             "anon_at_ready_mb": samples[-1]["anon_at_ready_mb"], "rss_at_ready_mb": samples[-1]["rss_at_ready_mb"]}
 
 
@@ -146,9 +146,9 @@ async def measure_ttfa_long(socket: Path, runs: int) -> dict[str, Any]:
         firsts.append(outcome.first_audio_s * 1000)
         totals.append(outcome.total_s * 1000)
     audio_s = outcome.audio_bytes / 2 / 22050
-    return {"runs": runs, "audio_s": round(audio_s, 1), "ttfa_ms_median": round(statistics.median(firsts), 1),
+    return {"runs": runs, "audio_s": round(audio_s, 1), "ttfa_ms_median": median(firsts),
             "ttfa_ms_min": round(min(firsts), 1), "ttfa_ms_max": round(max(firsts), 1),
-            "total_ms_median": round(statistics.median(totals), 1)}
+            "total_ms_median": median(totals)}
 
 
 async def measure_overload(daemon: DaemonProcess, sustained_s: float) -> dict[str, Any]:

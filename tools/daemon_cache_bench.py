@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from .daemon_bench import DaemonProcess, print_report
-from .loadgen import PHRASES, generated_phrases, percentiles, run_load, synthesize, zipf_exponent
+from .loadgen import PHRASES, generated_phrases, run_load, synthesize, zipf_exponent
+from .stats import median, percentiles
 
 PHRASE = "The front door has been open for ten minutes."
 LIVE_PAUSE_S = 0.25
@@ -81,7 +82,7 @@ def measure_restart(directory: Path, config: str, runs: int) -> dict[str, Any]:
     finally:
         daemon.close()
     return {"runs": runs, "exec_to_first_audio_ms_best": round(min(samples), 1),
-            "exec_to_first_audio_ms_median": round(statistics.median(samples), 1),
+            "exec_to_first_audio_ms_median": median(samples),
             "exec_to_first_audio_ms_max": round(max(samples), 1),
             "states_when_served": sorted({s or "?" for s in states}), "target_ms": 300}
 

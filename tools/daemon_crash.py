@@ -33,6 +33,7 @@ from typing import Any
 from edged.client import DaemonUnreachable, UnixConnection
 
 from .daemon_bench import DaemonProcess
+from .stats import middle_and_max
 
 WORDS = ["red", "blue", "green", "small", "quick", "quiet", "north", "south", "warm", "cold", "lamp",
          "door", "cup", "bird", "tree", "boat", "road", "stone", "rain", "bell"]
@@ -163,11 +164,10 @@ def crash_rounds(rounds: int, directory: Path, seed: int = 0, new_per_round: int
         stop.set()  # no new requests: those under way are cut by the kill
         daemon.kill()
         runner.join(60)
-    ready_ms.sort()
+    ready_p50, ready_max = middle_and_max(ready_ms)
     return {"rounds": rounds, "failed_starts": failed_starts, **ledger.counts,
             "phrases": len(ledger.latest),
-            "ready_ms_p50": ready_ms[len(ready_ms) // 2] if ready_ms else None,
-            "ready_ms_max": ready_ms[-1] if ready_ms else None,
+            "ready_ms_p50": ready_p50, "ready_ms_max": ready_max,
             "wall_s": round(time.perf_counter() - started, 1)}
 
 

@@ -27,6 +27,8 @@ from typing import Any
 
 import h11
 
+from .stats import percentiles
+
 PHRASES = [
     "Your timer is done.",
     "The front door is open.",
@@ -97,18 +99,6 @@ async def synthesize(socket_path: Path, body: dict[str, Any], route: str = "/v1/
         if writer is not None:
             writer.close()
     return Outcome(status, first, time.perf_counter() - started, max(0, received - header_bytes))
-
-
-def percentiles(values: list[float], scale: float = 1000.0) -> dict[str, float | None]:
-    """p50/p95/p99 (nearest rank) and max, in ms by default; None when there are no values."""
-    if not values:
-        return {"p50": None, "p95": None, "p99": None, "max": None}
-    ordered = sorted(values)
-
-    def rank(p: float) -> float:
-        return round(ordered[min(len(ordered) - 1, max(0, int(p / 100 * len(ordered) + 0.999999) - 1))] * scale, 1)
-
-    return {"p50": rank(50), "p95": rank(95), "p99": rank(99), "max": round(ordered[-1] * scale, 1)}
 
 
 def zipf_weights(n: int, exponent: float) -> list[float]:

@@ -17,6 +17,7 @@ from edged.phonemes import PieceLimits, pieces_ids
 from edged.sessions import SessionSettings, open_session
 
 from .quantize import CHOSEN, SWEEP_FILE, VoiceFacts, front_feed, lsd, snr
+from .stats import median
 
 # Quality is measured on sentences that are not in the calibration text.
 EVAL_TEXTS = (
@@ -63,7 +64,7 @@ def measure(paths: dict[str, dict[str, Path]], facts: VoiceFacts, runs: int = 15
             sessions.by[prec][graph].run(None, feeds[graph])
             if i >= 2:  # the first runs warm up
                 taken.append((time.perf_counter() - started) * 1000)
-    ms = {key: round(statistics.median(values), 2) for key, values in times.items()}
+    ms = {key: median(values, digits=2) for key, values in times.items()}
     frames = latents.shape[2]
     for prec in paths:  # one piece of speech: its front run and the back over all of its frames
         ms[f"piece.{prec}"] = round(ms[f"front.{prec}"] + ms[f"back.{prec}"] * frames / SPEED_FRAMES, 2)
