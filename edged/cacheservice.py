@@ -15,7 +15,7 @@ import collections
 import dataclasses
 import logging
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,9 +24,10 @@ from .config import CacheConfig
 from .errors import Busy
 from .messages import Phrase, parse_phrase_lines
 from .pipeline import Pipeline, SynthesisRequest
+from .preemption import Background
 
 if TYPE_CHECKING:
-    from .cache import AudioCache, AudioStream
+    from .cache import AudioCache, AudioStream, CacheKey
     from .registry import VoiceRegistry
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,8 @@ class CacheService:
         self.warm = WarmProgress()
         self._phrases: collections.deque[Phrase] = collections.deque()
         self._warmer: asyncio.Task[None] | None = None
+        self._warming: dict[str, Background] = {}
+        """Cache key digest -> the warm-up synthesis under way for it."""
 
     async def open(self) -> None:
         """Open both tiers (the disk tier off, logged, if its directory cannot be used)."""
@@ -78,17 +81,15 @@ class CacheService:
 
     # -- the request path ----------------------------------------------------------------------
 
-    async def stream(self, request: SynthesisRequest, tag: str | None = None,
-                     producer: Callable[[], AsyncIterator[bytes]] | None = None) -> AudioStream:
+    async def stream(self, request: SynthesisRequest, tag: str | None = None) -> AudioStream:
         """The PCM of `request`: cached, joined to the same synthesis under way, or synthesized."""
-        from .cache import CacheKey
-
         assert self.cache is not None
-        key = CacheKey.make(request.text, request.voice_id, request.voice_version, request.speed,
-                            CACHED_FORMAT)
-        if producer is None:
-            producer = lambda: self.pipeline.synthesize_stream(request)
-        return await self.cache.stream(key, producer, sample_rate=request.sample_rate, tag=tag)
+        key = _key(request)
+        warming = self._warming.get(key.digest)
+        if warming is not None:  # this request will join the warm-up's audio: it must not wait
+            self.pipeline.preemption.promote(warming)
+        return await self.cache.stream(key, lambda: self.pipeline.synthesize_stream(request),
+                                       sample_rate=request.sample_rate, tag=tag)
 
     # -- administration ------------------------------------------------------------------------
 
@@ -143,20 +144,26 @@ class CacheService:
                 self.warm.done += 1
 
     async def _warm_one(self, phrase: Phrase) -> None:
+        assert self.cache is not None
         info = self.registry.info(phrase.voice or self.default_voice)
         request = SynthesisRequest(phrase.text, info.voice_id, info.version, info.sample_rate, 1.0, "pcm")
+        key, background = _key(request), Background()
 
         async def in_background() -> AsyncIterator[bytes]:
             # The registry's rules (load_on_demand; a failed load is not tried again), no deadline.
             await self.registry.voice(info.voice_id, math.inf)
             self.warm.synthesized += 1
-            async for chunk in self.pipeline.synthesize_stream(request, background=True):
+            async for chunk in self.pipeline.synthesize_stream(request, background):
                 yield chunk
 
-        stream = await self.stream(request, None, in_background)
-        async with stream:
-            async for _ in stream:
-                pass
+        self._warming[key.digest] = background
+        try:
+            stream = await self.cache.stream(key, in_background, sample_rate=request.sample_rate)
+            async with stream:
+                async for _ in stream:
+                    pass
+        finally:
+            del self._warming[key.digest]
 
     # -- figures ----------------------------------------------------------------------------------
 
@@ -167,3 +174,9 @@ class CacheService:
         stats = dataclasses.asdict(self.cache.stats())
         return {"enabled": True, "open": True, "directory": str(self.cache.settings.directory),
                 **stats, "warm": dataclasses.asdict(self.warm)}
+
+
+def _key(request: SynthesisRequest) -> CacheKey:
+    from .cache import CacheKey
+
+    return CacheKey.make(request.text, request.voice_id, request.voice_version, request.speed, CACHED_FORMAT)

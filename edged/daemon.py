@@ -138,6 +138,7 @@ class Daemon:
             "synthesis": {"completed": counts.completed, "cancelled": counts.cancelled,
                           "failed": counts.failed, "windows": counts.windows,
                           "background_preempted": pipeline.preemption.preempted,
+                          "background_promoted": pipeline.preemption.promoted,
                           "disconnects": self.disconnects, "write_stalls": self.write_stalls},
             "process": process_figures(),
             "cache": self.cache.describe() if self.cache is not None else {"enabled": False, "open": False},

@@ -117,6 +117,8 @@ class _DaemonCollector:
             ("edged_windows_decoded", counts.windows, "Back-graph windows decoded."),
             ("edged_background_preempted", pipeline.preemption.preempted,
              "Warm-up graph runs stopped for a live request (and made again later)."),
+            ("edged_background_promoted", pipeline.preemption.promoted,
+             "Warm-up syntheses made live because a live request waited for the same phrase."),
             ("edged_client_disconnects", daemon.disconnects, "Streams whose client hung up."),
             ("edged_write_stalls", daemon.write_stalls, "Streams cut off because the client stopped reading."),
         ):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import os
 import threading
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from .config import PipelineSettings, StageSettings
 from .errors import Busy, StageTimeout
 from .messages import AudioFormat
-from .preemption import Preemption
+from .preemption import Background, Preemption
 
 if TYPE_CHECKING:
     from .engine import Voice
@@ -208,15 +209,17 @@ class Pipeline:
             stage.start_threads()
 
     async def synthesize_stream(self, request: SynthesisRequest,
-                                background: bool = False) -> AsyncGenerator[bytes, None]:
+                                background: Background | None = None) -> AsyncGenerator[bytes, None]:
         """16-bit mono PCM of `request` as each window is decoded (whatever `request.format`:
         the container is the output's business); errors before the first chunk (Busy, NotReady,
         BadInput) are raised by the first `anext`.
 
         A background synthesis (cache warm-up) takes no admission slot: each of its steps waits
-        until no live synthesis is about, and is stopped and made again when one comes."""
-        if background:
-            call = self.preemption.run
+        until no live synthesis is about, and is stopped and made again when one comes (until it is
+        promoted, see edged.preemption)."""
+        call: Callable[..., Awaitable[Any]]
+        if background is not None:
+            call = functools.partial(self.preemption.run, background=background)
         else:
             call = Stage.run
             self.preemption.live_started()
@@ -248,7 +251,7 @@ class Pipeline:
             self.counts.failed += 1
             raise
         finally:
-            if not background:
+            if background is None:
                 self.admission.leave()
                 self.preemption.live_ended()
             if finished:

@@ -5,6 +5,9 @@ onnxruntime run a background call has in flight is stopped through its RunOption
 (onnxruntime checks it between graph nodes, so within a few milliseconds) and the call is made
 again once the live syntheses are done. Waiting for a background window to finish instead cost live
 requests a quarter of their time to first audio (tools.daemon_cache_bench --only warm_yield).
+
+A live request that comes to wait for a background synthesis's audio (the same phrase, joined in
+the cache) promotes it: from then on it runs as live work, neither waiting nor stopped.
 """
 
 from __future__ import annotations
@@ -21,12 +24,24 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+class Background:
+    """One background synthesis's standing."""
+
+    def __init__(self) -> None:
+        self.promoted = asyncio.Event()
+        """Set when a live request waits for this synthesis's audio."""
+        self.run_options: ort.RunOptions | None = None
+        """Of its onnxruntime run in flight, if that run may be stopped."""
+
+
 class Preemption:
     def __init__(self) -> None:
         self._live = 0
         """Live syntheses running or waiting for admission."""
         self.preempted = 0
         """Background runs stopped for a live request (each is made again later)."""
+        self.promoted = 0
+        """Background syntheses made live because a live request waited for their audio."""
         self._idle = asyncio.Event()
         self._idle.set()
         self._background_runs: set[ort.RunOptions] = set()
@@ -42,15 +57,27 @@ class Preemption:
         if self._live == 0:
             self._idle.set()
 
-    async def run(self, stage: Stage, fn: Callable[..., T], *args: object) -> T:
+    def promote(self, background: Background) -> None:
+        """From now on `background` runs as live work: at once, and its run in flight is not stopped."""
+        if background.promoted.is_set():
+            return
+        background.promoted.set()
+        self.promoted += 1
+        if background.run_options is not None:
+            self._background_runs.discard(background.run_options)
+
+    async def run(self, stage: Stage, fn: Callable[..., T], *args: object, background: Background) -> T:
         """`fn(*args, run_options)` in `stage` while no live synthesis is about, as often as it is
-        stopped for one."""
+        stopped for one; at once and to its end once `background` is promoted."""
         import onnxruntime as ort  # loaded with the first voice already
 
         while True:
-            await self._idle.wait()
+            if not background.promoted.is_set():
+                await _first_of(self._idle, background.promoted)
             run_options = ort.RunOptions()
-            self._background_runs.add(run_options)
+            if not background.promoted.is_set():
+                background.run_options = run_options
+                self._background_runs.add(run_options)
             try:
                 return await stage.run(fn, *args, run_options)
             except Exception:
@@ -58,4 +85,15 @@ class Preemption:
                     raise
                 self.preempted += 1
             finally:
+                background.run_options = None
                 self._background_runs.discard(run_options)
+
+
+async def _first_of(*events: asyncio.Event) -> None:
+    """Return once any of `events` is set."""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()

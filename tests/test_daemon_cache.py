@@ -135,6 +135,25 @@ def test_warm_up_fills_the_cache_and_reports_progress(cached: Daemon) -> None:
     assert unknown.status == 404
 
 
+def test_a_request_for_a_phrase_being_warmed_does_not_wait_behind_live_work(cached: Daemon) -> None:
+    # A live synthesis that stays about: its client asks for minutes of audio and never reads them.
+    body = json.dumps({"text": " ".join([MEDIUM] * 30), "format": "pcm"}).encode("utf-8")
+    stalled = cached.connect()
+    stalled.sendall(b"POST /v1/synthesize HTTP/1.1\r\nHost: edged\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    try:
+        wait_for(lambda: cached.status()["admission"]["active"] == 1)
+        phrase = "Warmed while another client holds a synthesis."
+        assert cached.request("POST", "/v1/cache/warm", {"phrases": [phrase]}).status == 202
+        wait_for(lambda: cached.status()["cache"]["in_flight"] == 2)  # the warm-up waits its turn
+        assert _synth(cached, phrase).headers["x-edged-cache"] == "miss"  # joined the warm-up
+        status = cached.status()
+        assert status["admission"]["active"] == 1  # answered while the other synthesis is still about
+        assert status["synthesis"]["background_promoted"] >= 1
+    finally:
+        stalled.close()
+
+
 def test_status_has_a_cache_block(cached: Daemon) -> None:
     block = cached.status()["cache"]
     assert block["open"] and block["disk_state"] == "ok"

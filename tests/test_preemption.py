@@ -7,7 +7,7 @@ import asyncio
 from edged.config import PipelineSettings, StageSettings
 from edged.engine import SynthesisParams, Voice
 from edged.pipeline import Pipeline, Stage, SynthesisRequest
-from edged.preemption import Preemption
+from edged.preemption import Background, Preemption
 from edged.windows import Window
 
 LONG = ("When you get home this evening, please water the tomatoes on the balcony, feed the cat before "
@@ -29,7 +29,8 @@ def test_a_live_request_stops_the_background_run_which_is_made_again_whole(voice
     async def scenario() -> None:
         preemption = Preemption()
         stage = Stage("back", StageSettings(concurrency=1, timeout_s=30))
-        background = asyncio.create_task(preemption.run(stage, voice.decode, latents, window))
+        background = asyncio.create_task(preemption.run(stage, voice.decode, latents, window,
+                                                         background=Background()))
         await _until(lambda: stage.running == 1)
         preemption.live_started()
         await _until(lambda: preemption.preempted == 1)
@@ -52,9 +53,13 @@ class _Loaded:
         return self._voice
 
 
+def _request(voice: Voice, text: str) -> SynthesisRequest:
+    return SynthesisRequest(text, voice.voice_id, voice.manifest.version, voice.sample_rate)
+
+
 def test_background_synthesis_takes_no_slot_and_waits_for_live_ones(voice: Voice) -> None:
     def request(text: str) -> SynthesisRequest:
-        return SynthesisRequest(text, voice.voice_id, voice.manifest.version, voice.sample_rate)
+        return _request(voice, text)
 
     async def scenario() -> None:
         pipeline = Pipeline(PipelineSettings(max_active=1, queue_size=0), _Loaded(voice))
@@ -63,7 +68,7 @@ def test_background_synthesis_takes_no_slot_and_waits_for_live_ones(voice: Voice
         background_chunks: list[bytes] = []
 
         async def run_background() -> None:
-            async for chunk in pipeline.synthesize_stream(request("Warmed in the background."), background=True):
+            async for chunk in pipeline.synthesize_stream(request("Warmed in the background."), Background()):
                 background_chunks.append(chunk)
 
         background = asyncio.create_task(run_background())
@@ -75,6 +80,32 @@ def test_background_synthesis_takes_no_slot_and_waits_for_live_ones(voice: Voice
         await asyncio.wait_for(background, 30)
         assert sum(map(len, background_chunks)) > voice.sample_rate // 2  # half a second at least
         assert pipeline.counts.completed == 2
+        pipeline.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_promoted_background_synthesis_runs_while_live_ones_do(voice: Voice) -> None:
+    async def scenario() -> None:
+        pipeline = Pipeline(PipelineSettings(max_active=1, queue_size=0), _Loaded(voice))
+        live = pipeline.synthesize_stream(_request(voice, LONG))
+        await anext(live)  # a live synthesis is about (and stays so until it is closed)
+        background = Background()
+        chunks: list[bytes] = []
+
+        async def run_background() -> None:
+            async for chunk in pipeline.synthesize_stream(_request(voice, "Wanted now."), background):
+                chunks.append(chunk)
+
+        task = asyncio.create_task(run_background())
+        await asyncio.sleep(0.3)
+        assert chunks == []  # waits for the live one
+        pipeline.preemption.promote(background)
+        pipeline.preemption.promote(background)  # counted once
+        await asyncio.wait_for(task, 30)  # finishes while the live synthesis is still about
+        assert sum(map(len, chunks)) > voice.sample_rate // 2
+        assert pipeline.preemption.promoted == 1
+        await live.aclose()
         pipeline.close()
 
     asyncio.run(scenario())
