@@ -130,15 +130,7 @@ class Voice:
             ],
             dtype=np.float32,
         )
-        frames, mask = self._front.run(
-            None,
-            {
-                "input": np.array([ids], dtype=np.int64),
-                "input_lengths": np.array([len(ids)], dtype=np.int64),
-                "scales": scales,
-            },
-            run_options,
-        )
+        frames, mask = self._front.run(None, front_feed(ids, scales), run_options)
         return Latents(frames, mask)
 
     def windows(self, latents: Latents, produced: int = 0) -> list[Window]:
@@ -174,6 +166,13 @@ class Voice:
             for window in self.windows(latents, produced):
                 yield self.decode(latents, window)
             produced += latents.n_frames
+
+
+def front_feed(ids: list[int], scales: np.ndarray) -> dict[str, np.ndarray]:
+    """Inputs of the front graph, which are those of the whole Piper model: one utterance's
+    phoneme ids and its [noise_scale, length_scale, noise_w]."""
+    return {"input": np.array([ids], dtype=np.int64),
+            "input_lengths": np.array([len(ids)], dtype=np.int64), "scales": scales}
 
 
 def to_pcm16(audio: np.ndarray) -> bytes:

@@ -19,7 +19,7 @@ from .bundle import MANIFEST_NAME, read_manifest
 from .config import VoiceSettings
 from .errors import EdgedError, NotReady, UnknownVoice
 from .pipeline import lower_thread_priority
-from .voices import voice_dirs
+from .voices import bundle_by_id, voice_dirs
 
 if TYPE_CHECKING:
     from .engine import Voice
@@ -58,14 +58,13 @@ class VoiceRegistry:
             return info
         if not _VOICE_ID.fullmatch(voice_id):
             raise UnknownVoice(f"unknown voice {voice_id[:100]!r}: not a voice id")
-        for root in self.search:
-            bundle = root / voice_id
-            if (bundle / MANIFEST_NAME).is_file():
-                manifest = read_manifest(bundle)
-                info = VoiceInfo(voice_id, manifest.version, manifest.sample_rate, bundle)
-                self._infos[voice_id] = info
-                return info
-        raise UnknownVoice(f"unknown voice {voice_id!r}: no bundle with that id is installed")
+        bundle = bundle_by_id(voice_id, self.search)
+        if bundle is None:
+            raise UnknownVoice(f"unknown voice {voice_id!r}: no bundle with that id is installed")
+        manifest = read_manifest(bundle)
+        info = VoiceInfo(voice_id, manifest.version, manifest.sample_rate, bundle)
+        self._infos[voice_id] = info
+        return info
 
     def load(self, voice_id: str) -> concurrent.futures.Future[Voice]:
         """Start loading a voice (once); the future holds the loaded Voice or its error."""

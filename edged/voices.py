@@ -25,8 +25,16 @@ def find_bundle(voice: str, search: list[Path] | None = None) -> Path:
     if (as_path / MANIFEST_NAME).is_file():
         return as_path
     if "/" not in voice and voice not in ("", ".", ".."):
-        for root in search if search is not None else voice_dirs():
-            candidate = root / voice
-            if (candidate / MANIFEST_NAME).is_file():
-                return candidate
+        found = bundle_by_id(voice, search if search is not None else voice_dirs())
+        if found is not None:
+            return found
     raise UnknownVoice(f"unknown voice {voice!r}: no bundle with that id or directory")
+
+
+def bundle_by_id(voice_id: str, search: list[Path]) -> Path | None:
+    """The first bundle named `voice_id` in the `search` directories (the caller checks the id)."""
+    for root in search:
+        candidate = root / voice_id
+        if (candidate / MANIFEST_NAME).is_file():
+            return candidate
+    return None

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from edged.engine import EngineSettings, Latents, SynthesisParams, Voice
+from edged.engine import EngineSettings, Latents, SynthesisParams, Voice, front_feed
 from edged.phonemes import PieceLimits
 from edged.voices import DEFAULT_VOICE
 
@@ -113,11 +113,7 @@ class SourceModel:
 
     def run(self, ids: list[int], length_scale: float = 1.0) -> np.ndarray:
         """Audio for phoneme ids with both noise scales 0 (so the output is deterministic)."""
-        audio = self._session.run(None, {
-            "input": np.array([ids], dtype=np.int64),
-            "input_lengths": np.array([len(ids)], dtype=np.int64),
-            "scales": np.array([0.0, length_scale, 0.0], dtype=np.float32),
-        })[0]
+        audio = self._session.run(None, front_feed(ids, np.array([0.0, length_scale, 0.0], dtype=np.float32)))[0]
         return np.asarray(audio, dtype=np.float32).reshape(-1)
 
 

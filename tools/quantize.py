@@ -36,6 +36,7 @@ from onnxruntime.quantization import (
 )
 
 from edged.bundle import Streaming
+from edged.engine import front_feed
 from edged.phonemes import PieceLimits, pieces_ids
 from edged.windows import growing_windows
 
@@ -72,14 +73,20 @@ class Variant:
         return " ".join(parts)
 
 
+FLOW = ("/flow/",)
+"""The back's normalizing flow: quantized, it moves the waveform far from fp32 (SNR ~3 dB)."""
+LAST_STAGE = ("/dec/conv_post", "/dec/resblocks.6", "/dec/resblocks.7", "/dec/resblocks.8")
+"""The decoder's layers at the audio rate, where activation rounding is heard as hiss."""
+FRONT_KEEP = ("/dp/", "/enc_p/proj", "/enc_p/encoder/attn")
+"""Duration predictor, latent projection and attention: little time, much of the error."""
+
 CHOSEN = {
     # The encoder's feed-forward convs hold most of the front's time; attention, the duration
     # predictor and the latent projection cost little and, quantized, make most of its error.
-    "front": Variant(keep_fp32=("/dp/", "/enc_p/proj", "/enc_p/encoder/attn"), method="Percentile"),
+    "front": Variant(keep_fp32=FRONT_KEEP, method="Percentile"),
     # Quantized, the flow moves the waveform far from fp32 (SNR 17 -> 3 dB) and the decoder's
     # audio-rate layers add hiss (LSD 1.8 -> 3.8 dB): both stay fp32. Entropy ranges: 1.8 -> 1.5 dB.
-    "back": Variant(keep_fp32=("/flow/", "/dec/conv_post", "/dec/resblocks.6", "/dec/resblocks.7",
-                               "/dec/resblocks.8"), method="Entropy"),
+    "back": Variant(keep_fp32=FLOW + LAST_STAGE, method="Entropy"),
 }
 """Picked with `python -m tools.quantize --sweep`; its table is tools/quantize_sweep.json."""
 
@@ -110,11 +117,6 @@ class VoiceFacts:
         inf = self.inference
         return np.array([inf["noise_scale"] if noise else 0.0, inf["length_scale"],
                          inf["noise_w"] if noise else 0.0], dtype=np.float32)
-
-
-def front_feed(ids: list[int], scales: np.ndarray) -> dict[str, np.ndarray]:
-    return {"input": np.array([ids], dtype=np.int64),
-            "input_lengths": np.array([len(ids)], dtype=np.int64), "scales": scales}
 
 
 def calibration_sentences(path: Path = CALIBRATION_TEXT) -> list[str]:

@@ -13,10 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from edged.engine import front_feed
 from edged.phonemes import PieceLimits, pieces_ids
 from edged.sessions import SessionSettings, open_session
 
-from .quantize import CHOSEN, SWEEP_FILE, VoiceFacts, front_feed, lsd, snr
+from .quantize import CHOSEN, SWEEP_FILE, VoiceFacts, lsd, snr
 from .stats import median
 
 # Quality is measured on sentences that are not in the calibration text.

@@ -22,6 +22,9 @@ from . import graphs
 from .build_voice import default_source, optimize_offline
 from .quantize import (
     CHOSEN,
+    FLOW,
+    FRONT_KEEP,
+    LAST_STAGE,
     SWEEP_FILE,
     Variant,
     VoiceFacts,
@@ -29,13 +32,6 @@ from .quantize import (
     quantize_graph,
 )
 from .quantize_report import measure
-
-FLOW = ("/flow/",)
-"""The back's normalizing flow: quantized, it moves the waveform far from fp32 (SNR ~3 dB)."""
-LAST_STAGE = ("/dec/conv_post", "/dec/resblocks.6", "/dec/resblocks.7", "/dec/resblocks.8")
-"""The decoder's layers at the audio rate, where activation rounding is heard as hiss."""
-FRONT_KEEP = ("/dp/", "/enc_p/proj", "/enc_p/encoder/attn")
-"""Duration predictor, latent projection and attention: little time, much of the error."""
 
 SWEEP: dict[str, tuple[Variant, ...]] = {
     "front": (
