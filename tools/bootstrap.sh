@@ -24,6 +24,9 @@ install_python() {
     [ -x .venv/bin/python ] || python3 -m venv .venv
     .venv/bin/python -m pip install -q --upgrade pip
     .venv/bin/python -m pip install -q -e '.[dev]'
+    # pip compiles the bytecode of what it installs, but not of an editable package; where
+    # PYTHONDONTWRITEBYTECODE is set (containers, CI) every daemon start would compile edged again.
+    .venv/bin/python -m compileall -q edged
 }
 
 build_voice() {
