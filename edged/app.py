@@ -31,6 +31,7 @@ from .cacheservice import CacheService
 from .config import OPENAI_VOICE_NAMES
 from .daemon import AudioStream, CacheStatus, Daemon
 from .errors import (
+    Busy,
     EdgedError,
     MethodNotAllowed,
     NotFound,
@@ -54,10 +55,12 @@ class WriteStalled(Exception):
 
 
 class App:
-    def __init__(self, daemon: Daemon, metrics: Metrics) -> None:
+    def __init__(self, daemon: Daemon, metrics: Metrics, over_limit: Callable[[], bool] = lambda: False) -> None:
         self.daemon = daemon
         self.settings = daemon.settings
         self.metrics = metrics
+        self.over_limit = over_limit
+        """True while the server holds more connections or requests than it may (this one counted)."""
         self.routes: dict[str, dict[str, Handler]] = {
             "/v1/health": {"GET": self.health},
             "/v1/status": {"GET": self.status},
@@ -85,6 +88,8 @@ class App:
             await send(message)
 
         try:
+            if self.over_limit():
+                raise Busy(f"too many connections (limit {self.settings.server.max_connections})")
             methods = self.routes.get(path)
             if methods is None:
                 raise NotFound(f"no route {path[:200]!r}")

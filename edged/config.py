@@ -35,7 +35,8 @@ class ServerSettings:
     socket_mode: int = 0o660
     """Permissions of the socket file: owner and group may connect."""
     max_connections: int = 64
-    """Open connections beyond this get a plain 503 from the HTTP layer (a last-resort guard)."""
+    """Requests on connections beyond this many (or beyond this many requests in progress) are
+    answered 503 busy at once: a bound on what a flood of clients can hold."""
     header_timeout_s: float = 10.0
     """A connection that has not sent complete request headers within this time is closed."""
     body_timeout_s: float = 10.0

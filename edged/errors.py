@@ -37,7 +37,7 @@ class BundleError(EdgedError):
 
 
 class Busy(EdgedError):
-    """The admission queue is full; the caller should retry later."""
+    """The admission queue, or the server's connection limit, is full; the caller should retry later."""
 
     code = "busy"
     http_status = 503

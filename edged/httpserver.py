@@ -125,14 +125,21 @@ class HttpServer:
 async def start_http(daemon: Daemon, sock: socket.socket) -> HttpServer:
     settings = daemon.settings.server
     metrics = Metrics(daemon)
+    state = ServerState()
+    limit = settings.max_connections
+
+    def over_limit() -> bool:
+        # The app checks the connection limit, not uvicorn (limit_concurrency): uvicorn's 503 is
+        # plain text and logs a warning per refusal; this one is the contract's JSON busy error.
+        return len(state.connections) > limit or len(state.tasks) > limit
+
     config = Config(
-        App(daemon, metrics), http="httptools", ws="none", lifespan="off", interface="asgi3",
+        App(daemon, metrics, over_limit), http="httptools", ws="none", lifespan="off", interface="asgi3",
         log_config=None, access_log=False, proxy_headers=False, server_header=False, date_header=False,
-        limit_concurrency=settings.max_connections, timeout_keep_alive=settings.keep_alive_s,  # type: ignore[arg-type]
+        timeout_keep_alive=settings.keep_alive_s,  # type: ignore[arg-type]
     )
     config.load()
     logging.getLogger("uvicorn.error").addFilter(_IntendedCutOff())
-    state = ServerState()
     factory = functools.partial(EdgedProtocol, config=config, server_state=state, app_state={},
                                 header_timeout_s=settings.header_timeout_s)
     server = await asyncio.get_running_loop().create_server(factory, sock=sock)

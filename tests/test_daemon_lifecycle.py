@@ -98,6 +98,22 @@ def test_overload_is_refused_at_once_and_service_resumes(tmp_path: Path, bundle_
         assert daemon.stop() == 0
 
 
+def test_connections_over_the_limit_get_a_json_busy_and_service_resumes(tmp_path: Path, bundle_dir: Path) -> None:
+    daemon = Daemon(tmp_path, "[server]\nmax_connections = 2\n").start()
+    try:
+        daemon.wait_state("READY")
+        with contextlib.ExitStack() as closing:
+            idle = [closing.enter_context(daemon.connect()) for _ in range(2)]  # connected, silent
+            wait_for(lambda: daemon.request("GET", "/v1/health").status == 503)
+            reply = daemon.request("GET", "/v1/health")
+            assert reply.headers["content-type"].startswith("application/json")
+            assert reply.json()["error"]["code"] == "busy" and "retry-after" in reply.headers
+            assert len(idle) == 2
+        wait_for(lambda: daemon.request("GET", "/v1/health").status == 200)  # once they are gone
+    finally:
+        assert daemon.stop() == 0
+
+
 def test_sigterm_finishes_inflight_requests_and_exits_0(tmp_path: Path, bundle_dir: Path) -> None:
     daemon = Daemon(tmp_path).start()
     daemon.wait_state("READY")
