@@ -17,6 +17,7 @@ from . import __version__
 from .cacheservice import CacheService
 from .config import Settings
 from .errors import NotReady
+from .espeak_worker import ESPEAK
 from .pipeline import Pipeline, SynthesisRequest
 from .registry import VoiceRegistry
 
@@ -139,6 +140,7 @@ class Daemon:
                           "failed": counts.failed, "windows": counts.windows,
                           "background_preempted": pipeline.preemption.preempted,
                           "background_promoted": pipeline.preemption.promoted,
+                          "espeak_restarts": ESPEAK.restarts,
                           "disconnects": self.disconnects, "write_stalls": self.write_stalls},
             "process": process_figures(),
             "cache": self.cache.describe() if self.cache is not None else {"enabled": False, "open": False},
@@ -147,6 +149,7 @@ class Daemon:
     def close(self) -> None:
         self.pipeline.close()
         self.registry.close()
+        ESPEAK.close()
 
 
 def process_figures() -> dict[str, float]:

@@ -22,7 +22,7 @@ from onnxruntime import RunOptions
 
 from .bundle import Manifest, Precision, read_manifest, verify_files
 from .errors import BadInput, BundleError
-from .phonemes import PieceLimits, pieces_ids
+from .phonemes import PieceLimits, pieces_ids, start_espeak
 from .sessions import SessionSettings, open_session
 from .windows import Window, fixed_windows, growing_windows
 
@@ -83,6 +83,7 @@ class Voice:
         if graphs is None:
             raise BundleError(f"{bundle_dir}: bundle has no {self.precision} graphs")
         started = time.perf_counter()
+        start_espeak()  # its process starts while the graphs load
         graph_files = [graphs["front"], graphs["back"]]
         if settings.verify:
             # The graph files (small) are checked before onnxruntime parses them; their weights

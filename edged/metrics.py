@@ -85,6 +85,7 @@ class _DaemonCollector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         from .daemon import State, process_figures
+        from .espeak_worker import ESPEAK
 
         daemon = self.daemon
         pipeline = daemon.pipeline
@@ -119,6 +120,8 @@ class _DaemonCollector:
              "Warm-up graph runs stopped for a live request (and made again later)."),
             ("edged_background_promoted", pipeline.preemption.promoted,
              "Warm-up syntheses made live because a live request waited for the same phrase."),
+            ("edged_espeak_restarts", ESPEAK.restarts,
+             "Texts refused because espeak-ng's process died or stalled on them (it is started again)."),
             ("edged_client_disconnects", daemon.disconnects, "Streams whose client hung up."),
             ("edged_write_stalls", daemon.write_stalls, "Streams cut off because the client stopped reading."),
         ):

@@ -11,18 +11,13 @@ identical to Piper's.
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from piper.phoneme_ids import phonemes_to_ids
-from piper.phonemize_espeak import EspeakPhonemizer
 
 from .errors import BadInput
-
-# espeak-ng keeps global state: one bridge per process, one caller at a time.
-_ESPEAK_LOCK = threading.Lock()
-_espeak: EspeakPhonemizer | None = None
+from .espeak_worker import ESPEAK
 
 _BLOCK_CHARS = 2000
 """Text is phonemized in blocks of about this many characters (espeak: ~2 ms per 1,000)."""
@@ -44,46 +39,9 @@ class PieceLimits:
     """Later pieces: the front runs while earlier audio plays, so they can be longer."""
 
 
-def _phonemize_block(espeak_voice: str, block: str) -> list[list[str]]:
-    global _espeak
-    with _ESPEAK_LOCK:
-        if _espeak is None:
-            _espeak = EspeakPhonemizer()
-            _set_voice_only_on_change()
-        return _espeak.phonemize(espeak_voice, block)
-
-
-def _set_voice_only_on_change() -> None:
-    """espeak-ng copies the voice on every set_voice and frees the copy only when it makes sound,
-    which a phonemizer never does (speech.c DoVoiceChange); Piper's phonemize() sets the voice
-    on every call, so a daemon leaked ~1.3 KB per request (+13 MB per 10,000). Selecting the same
-    voice again changes nothing, so it is skipped - until espeak-ng is initialized again (another
-    EspeakPhonemizer, e.g. piper-tts's own in a tool or test): that reloads the phoneme data the
-    selected voice points into, and phonemizing without selecting it again crashed (seen in the
-    test suite: a segfault in get_phonemes)."""
-    from piper import espeakbridge
-
-    select, initialize = espeakbridge.set_voice, espeakbridge.initialize
-
-    def set_voice(voice: str) -> None:
-        if _selected.voice != voice:
-            select(voice)
-            _selected.voice = voice
-
-    def initialize_again(data_dir: str) -> None:
-        initialize(data_dir)
-        _selected.voice = None
-
-    espeakbridge.set_voice = set_voice
-    espeakbridge.initialize = initialize_again
-
-
-class _Selected:
-    voice: str | None = None
-    """The espeak-ng voice selected since espeak-ng was last initialized."""
-
-
-_selected = _Selected()
+def start_espeak() -> None:
+    """Start espeak-ng's process now (a voice load does), so that the first text does not wait for it."""
+    ESPEAK.start()
 
 
 def text_blocks(text: str, block_chars: int = _BLOCK_CHARS) -> Iterator[str]:
@@ -107,7 +65,7 @@ def sentences(text: str, espeak_voice: str) -> Iterator[list[str]]:
     if not text.strip():
         raise BadInput("text is empty")
     for block in text_blocks(_safe_for_espeak(text)):
-        for phonemes in _phonemize_block(espeak_voice, block):
+        for phonemes in ESPEAK.phonemize(espeak_voice, block):
             if any(p.isalpha() for p in phonemes):
                 yield phonemes
 

@@ -61,6 +61,17 @@ def test_read_memory_sees_anonymous_memory_grow() -> None:
     del block
 
 
+def test_read_memory_counts_the_processes_it_started() -> None:
+    before = read_memory()
+    code = "import numpy, sys; block = numpy.ones(64 * 1024 * 1024 // 8); print(flush=True); sys.stdin.read()"
+    with subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as child:
+        try:
+            assert child.stdout is not None and child.stdout.readline()  # its 64 MiB are touched
+            assert read_memory().anon - before.anon > 60
+        finally:
+            child.kill()
+
+
 def test_read_memory_of_a_finished_process_raises() -> None:
     process = subprocess.Popen([sys.executable, "-c", "pass"])
     process.wait()

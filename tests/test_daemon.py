@@ -101,6 +101,16 @@ def test_bad_input_gets_its_status_and_a_json_error(daemon: Daemon, body: bytes,
     assert error["code"] == code and error["message"]
 
 
+def test_a_text_that_crashes_espeak_is_refused_and_the_daemon_goes_on(daemon: Daemon) -> None:
+    before = daemon.status()["synthesis"]["espeak_restarts"]
+    reply = daemon.request("POST", "/v1/synthesize", {"text": "esness" + "ness" * 70})  # segfaults espeak-ng
+    assert reply.status == 400 and reply.headers["content-type"] == "application/json"
+    assert reply.json()["error"]["code"] == "bad_request" and "crashed" in reply.json()["error"]["message"]
+    assert daemon.status()["synthesis"]["espeak_restarts"] == before + 1
+    assert f"edged_espeak_restarts_total {before + 1}.0" in daemon.get("/metrics").body.decode()
+    assert daemon.request("POST", "/v1/synthesize", {"text": "Still speaking."}).status == 200
+
+
 def test_an_error_quotes_a_huge_value_cut_short(daemon: Daemon) -> None:
     reply = daemon.request("POST", "/v1/synthesize", {"text": "hi", "format": "x" * 500_000})
     assert reply.status == 400 and len(reply.body) < 500

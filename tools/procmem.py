@@ -25,19 +25,37 @@ class MemoryFigures:
     """Resident file-backed pages (mapped weights and libraries)."""
     shmem: float
     peak: float
-    """Highest rss the process has had so far (VmHWM)."""
+    """Highest rss the process has had so far (VmHWM; with children, the sum of their highs)."""
 
     def as_dict(self) -> dict[str, float]:
         return {name: round(value, 1) for name, value in asdict(self).items()}
 
 
 def read_memory(pid: int | str = "self") -> MemoryFigures:
-    """The figures of a live process; ProcessLookupError if it has gone."""
+    """The figures of a live process together with the processes it started (edged's espeak-ng
+    runs in a child of its own); ProcessLookupError if the process has gone."""
     try:
         text = (Path("/proc") / str(pid) / "status").read_text()
     except FileNotFoundError:
         raise ProcessLookupError(f"no process {pid}") from None
-    return parse_status(text)
+    total = parse_status(text)
+    for child in _children(pid):
+        try:
+            figures = read_memory(child)
+        except (ProcessLookupError, ValueError):
+            continue  # it ended meanwhile
+        total = MemoryFigures(**{k: v + getattr(figures, k) for k, v in asdict(total).items()})
+    return total
+
+
+def _children(pid: int | str) -> list[int]:
+    children: list[int] = []
+    for task in (Path("/proc") / str(pid) / "task").glob("*"):
+        try:
+            children += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return children
 
 
 def parse_status(text: str) -> MemoryFigures:

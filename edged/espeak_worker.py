@@ -1,0 +1,174 @@
+"""espeak-ng in a process of its own, so that a text it crashes on costs one request, not the daemon.
+
+espeak-ng (inside piper-tts's phonemizer) segfaults on some texts: long runs of dotted letters,
+long words made of a repeated suffix ("nessnessness..."), and who knows what else. A child process
+runs piper-tts's EspeakPhonemizer; this process sends it one block of text at a time and gets back
+the phonemes of each sentence. If the child dies or stalls on a text, that text is refused
+(BadInput) and the next call starts a new child.
+
+The child imports piper-tts's phonemizer module without the piper package's __init__, which would
+load numpy and onnxruntime (~100 ms and ~24 MB) that phonemizing does not need.
+
+    python -m edged.espeak_worker      # the child: one JSON request per line in, one reply per line out
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Any
+
+from .errors import BadInput
+
+log = logging.getLogger(__name__)
+
+BLOCK_TIMEOUT_S = 10.0
+"""Longest time one block of text may take (espeak-ng needs ~2 ms per 1,000 characters)."""
+
+
+class EspeakProcess:
+    """The parent's side: one child at a time, one request at a time (espeak-ng is single-threaded)."""
+
+    def __init__(self, timeout_s: float = BLOCK_TIMEOUT_S) -> None:
+        self.timeout_s = timeout_s
+        self.restarts = 0
+        """Children started again after one died or stalled on a text."""
+        self._child: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Start the child now; it initializes espeak-ng while the caller goes on."""
+        with self._lock:
+            self._running()
+
+    def phonemize(self, voice: str, text: str) -> list[list[str]]:
+        """Phonemes (characters) of each sentence of `text`, as piper-tts's phonemizer gives them."""
+        with self._lock:
+            child = self._running()
+            assert child.stdin is not None and child.stdout is not None
+            try:
+                child.stdin.write(json.dumps({"voice": voice, "text": text}).encode("ascii") + b"\n")
+                child.stdin.flush()
+                line = _read_line(child.stdout, time.monotonic() + self.timeout_s)
+            except BrokenPipeError:
+                line = b""
+            if line is None:
+                self._lose(child, "stalled")
+                raise BadInput(f"espeak-ng took over {self.timeout_s:g} s to read this text; it was not spoken")
+            if not line:
+                self._lose(child, "died")
+                raise BadInput("espeak-ng, which reads the text, crashed on it; it was not spoken")
+        reply: dict[str, Any] = json.loads(line)
+        if "error" in reply:
+            raise BadInput(f"espeak-ng could not read the text: {reply['error']}")
+        return reply["sentences"]  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._child is not None:
+                child, self._child = self._child, None
+                _stop(child)
+
+    def _running(self) -> subprocess.Popen[bytes]:
+        if self._child is None or self._child.poll() is not None:
+            self._child = subprocess.Popen(
+                [sys.executable, "-m", "edged.espeak_worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                close_fds=True)
+        return self._child
+
+    def _lose(self, child: subprocess.Popen[bytes], how: str) -> None:
+        _stop(child)
+        self._child = None
+        self.restarts += 1
+        log.error("the espeak-ng process %s on a text (exit %s); the text is refused and a new process "
+                  "takes the next one", how, child.returncode)
+
+
+ESPEAK = EspeakProcess()
+"""The process's one espeak-ng (edged.phonemes uses it); no child runs until it is first needed."""
+atexit.register(ESPEAK.close)
+
+
+def _read_line(stream: IO[bytes], deadline: float) -> bytes | None:
+    """One line from a pipe: b"" if it closed first, None if `deadline` passed first."""
+    fd = stream.fileno()
+    data = b""
+    while not data.endswith(b"\n"):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            return None
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return b""
+        data += chunk
+    return data
+
+
+def _stop(child: subprocess.Popen[bytes]) -> None:
+    child.kill()
+    child.wait()
+    for stream in (child.stdin, child.stdout):
+        if stream is not None:
+            stream.close()
+
+
+# -- the child ------------------------------------------------------------------------------------
+
+
+def _phonemizer() -> Any:
+    """piper-tts's EspeakPhonemizer, imported without the piper package's __init__."""
+    import importlib.util
+    import types
+
+    spec = importlib.util.find_spec("piper")
+    if spec is None or spec.submodule_search_locations is None:
+        raise RuntimeError("piper-tts is not installed")
+    package = types.ModuleType("piper")
+    package.__path__ = list(spec.submodule_search_locations)
+    sys.modules["piper"] = package
+    from piper import espeakbridge
+    from piper.phonemize_espeak import EspeakPhonemizer
+
+    phonemizer = EspeakPhonemizer()
+    _set_voice_only_on_change(espeakbridge)
+    return phonemizer
+
+
+def _set_voice_only_on_change(bridge: Any) -> None:
+    """espeak-ng copies the voice on every set_voice and frees the copy only when it makes sound,
+    which a phonemizer never does (speech.c DoVoiceChange); Piper's phonemize() sets the voice on
+    every call, so a daemon leaked ~1.3 KB per request (+13 MB per 10,000). Selecting the voice
+    that is already selected changes nothing, so it is skipped."""
+    select_voice = bridge.set_voice
+    selected: list[str] = []
+
+    def set_voice(voice: str) -> None:
+        if selected != [voice]:
+            select_voice(voice)
+            selected[:] = [voice]
+
+    bridge.set_voice = set_voice
+
+
+def main() -> int:
+    phonemizer = _phonemizer()
+    for line in sys.stdin.buffer:
+        request = json.loads(line)
+        try:
+            reply: dict[str, Any] = {"sentences": phonemizer.phonemize(request["voice"], request["text"])}
+        except Exception as exc:  # noqa: BLE001 (an unknown voice, say: the parent raises it as BadInput)
+            reply = {"error": str(exc)}
+        sys.stdout.buffer.write(json.dumps(reply).encode("ascii") + b"\n")
+        sys.stdout.buffer.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""espeak-ng runs in a child process: a text that crashes or stalls it is refused, the caller lives on."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from edged.errors import BadInput
+from edged.espeak_worker import EspeakProcess
+
+CRASHES_ESPEAK = "esness" + "ness" * 70
+"""A long word of a repeated suffix: espeak-ng 1.52 (in piper-tts 1.8) segfaults on it (found by fuzzing)."""
+
+
+@pytest.fixture
+def espeak() -> Iterator[EspeakProcess]:
+    process = EspeakProcess()
+    yield process
+    process.close()
+
+
+def test_a_text_that_crashes_espeak_is_refused_and_the_next_one_is_read(espeak: EspeakProcess) -> None:
+    before = espeak.phonemize("en-us", "The water is warm.")
+    with pytest.raises(BadInput, match="crashed"):
+        espeak.phonemize("en-us", CRASHES_ESPEAK)
+    assert espeak.restarts == 1
+    assert espeak.phonemize("en-us", "The water is warm.") == before
+
+
+def test_a_stalled_espeak_is_stopped_and_replaced(espeak: EspeakProcess) -> None:
+    espeak.timeout_s = 0.0  # the reply cannot come in time
+    with pytest.raises(BadInput, match="took over"):
+        espeak.phonemize("en-us", "The water is warm.")
+    assert espeak.restarts == 1
+    espeak.timeout_s = 30.0
+    assert espeak.phonemize("en-us", "The water is warm.")[0][-1] == "."
+
+
+def test_an_unknown_espeak_voice_is_bad_input(espeak: EspeakProcess) -> None:
+    with pytest.raises(BadInput, match="could not read"):
+        espeak.phonemize("xx-nonexistent", "Hello.")
+    assert espeak.restarts == 0  # the child said so; it did not die
+
+
+def test_the_child_stays_lean(espeak: EspeakProcess) -> None:
+    espeak.start()
+    assert espeak.phonemize("en-us", "Hello.")
+    pid = espeak._child.pid  # type: ignore[union-attr]
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    assert "espeakbridge" in maps and "onnxruntime" not in maps and "numpy" not in maps
