@@ -23,10 +23,19 @@ _BLOCK_CHARS = 2000
 """Text is phonemized in blocks of about this many characters (espeak: ~2 ms per 1,000)."""
 _SENTENCE_END = re.compile(r"[.!?]['\")\]]*\s+")
 _CLAUSE_END = {",", ";", ":"}
-_LETTER_CHAIN = re.compile(r"(?:\b\w\.\s?){20,}")
-"""20 or more single letters each followed by a dot ("a.b.c.d..."): espeak-ng reads such a run as
-one abbreviation and crashes (segfault) when it is long, from ~40 letters on here."""
-_LETTER_DOT = re.compile(r"\.\s?")
+_DOTTED_LETTER = r"(?<![^\W_])([^\W_])[^\w.]*\.[\W_]*"
+"""One letter (or digit) standing alone, a dot after it (spaces, soft hyphens... between them),
+and whatever non-letters follow."""
+_LETTER_CHAIN = re.compile(f"(?:{_DOTTED_LETTER}){{2,}}")
+"""Several of them in a row ("a.b.c.d...", "k . e . m", "a.b.-c.d.", "a..b..c"): espeak-ng reads such
+a run as one abbreviation and crashes (segfault: an 80-byte buffer in CheckDottedAbbrev) when it is
+long: from ~97 ASCII letters, ~26 letters of 4 UTF-8 bytes, fewer with combining marks between."""
+_CHAIN_LIMITS = (20, 40)
+"""A run of this many letters, or of this many UTF-8 bytes, is spelled out; shorter ones ("U.S.A.",
+"e.g.") are left to espeak-ng, so that their ids stay Piper's."""
+_UNBROKEN = re.compile(r"\S{64}")
+"""64 characters without a space. espeak-ng crashes (a buffer overrun in TranslateWord3) on a word
+that stacks ~70 suffixes ("nessness...", "s's's'..."); no word of a language is this long."""
 
 
 @dataclass(frozen=True)
@@ -71,11 +80,25 @@ def sentences(text: str, espeak_voice: str) -> Iterator[list[str]]:
 
 
 def _safe_for_espeak(text: str) -> str:
-    """Text that espeak-ng can take: letters of a long letter-dot run spelled one by one ("a. b.
-    c."), which is how it reads them anyway, and NUL (which its C API cannot carry) as a space.
-    Short runs such as "e.g." or "U.S.A." are left alone, so ids still match Piper's."""
-    text = _LETTER_CHAIN.sub(lambda run: _LETTER_DOT.sub(". ", run.group()), text)
+    """Text that espeak-ng can take (see _LETTER_CHAIN, _UNBROKEN; found by fuzzing): a long run of
+    dotted letters spelled one by one ("a. b. c. "), which is how espeak-ng reads them anyway; a space
+    after every 64 characters without one; NUL (which its C API cannot carry) as a space. Short runs
+    such as "e.g." or "U.S.A." and real words are left alone, so ids still match Piper's. What still
+    crashes it only costs its own process (edged.espeak_worker)."""
+    text = _LETTER_CHAIN.sub(_spelled_if_long, text)
+    text = _UNBROKEN.sub(lambda run: run.group() + " ", text)
     return text.replace("\0", " ")
+
+
+_ONE_DOTTED_LETTER = re.compile(_DOTTED_LETTER)
+
+
+def _spelled_if_long(run: re.Match[str]) -> str:
+    letters, max_bytes = _CHAIN_LIMITS
+    chain = run.group()
+    if len(_ONE_DOTTED_LETTER.findall(chain)) < letters and len(chain.encode("utf-8", "replace")) < max_bytes:
+        return chain
+    return _ONE_DOTTED_LETTER.sub(r"\1. ", chain)
 
 
 def split_pieces(phonemes: list[str], limits: PieceLimits) -> list[list[str]]:

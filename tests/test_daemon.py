@@ -101,14 +101,14 @@ def test_bad_input_gets_its_status_and_a_json_error(daemon: Daemon, body: bytes,
     assert error["code"] == code and error["message"]
 
 
-def test_a_text_that_crashes_espeak_is_refused_and_the_daemon_goes_on(daemon: Daemon) -> None:
-    before = daemon.status()["synthesis"]["espeak_restarts"]
-    reply = daemon.request("POST", "/v1/synthesize", {"text": "esness" + "ness" * 70})  # segfaults espeak-ng
-    assert reply.status == 400 and reply.headers["content-type"] == "application/json"
-    assert reply.json()["error"]["code"] == "bad_request" and "crashed" in reply.json()["error"]["message"]
-    assert daemon.status()["synthesis"]["espeak_restarts"] == before + 1
-    assert f"edged_espeak_restarts_total {before + 1}.0" in daemon.get("/metrics").body.decode()
-    assert daemon.request("POST", "/v1/synthesize", {"text": "Still speaking."}).status == 200
+def test_texts_that_crashed_espeak_are_spoken(daemon: Daemon) -> None:
+    # Each segfaulted espeak-ng as it was (tests/test_phonemes.py has more); what still would only
+    # costs espeak-ng's own process (tests/test_espeak_worker.py), counted here.
+    for text in ("The " + "ness" * 71 + " is here.", "k . e . m . u . " * 25):
+        reply = daemon.request("POST", "/v1/synthesize", {"text": text, "format": "pcm"})
+        assert reply.status == 200 and len(reply.body) > 22050
+    assert daemon.status()["synthesis"]["espeak_restarts"] == 0
+    assert "edged_espeak_restarts_total 0.0" in daemon.get("/metrics").body.decode()
 
 
 def test_an_error_quotes_a_huge_value_cut_short(daemon: Daemon) -> None:

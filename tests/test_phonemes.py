@@ -41,9 +41,22 @@ def test_phoneme_ids_match_piper(piper_voice: PiperVoice, text: str) -> None:
     assert ours == expected
 
 
-@pytest.mark.parametrize("text", ["a." * 300, "a.b.c. " * 100, "A.B.C." * 100, "http://" + "a." * 200 + "com"])
-def test_long_letter_dot_runs_are_spoken_not_refused(text: str) -> None:
-    # espeak-ng segfaults on these as they are (its process would die and the text be refused).
+# espeak-ng segfaults on each of these as they are (found by fuzzing); its process would die and
+# the text be refused. They are given to it spelled out or broken up instead, and spoken.
+_FUZZ_LETTERS = ("kpkzpsnzusfvrphqhiqxtrhgmgmoizkmagbcdjlqnqpjatrullpbdybymxinobrainltqyunbecdpytuixjkmiaaqpp"
+                 "adliowhpyzfkpljiimkigehorpyfw")
+"""Letters of a chain the fuzzer made (an alphabetical a.b.c... chain of the same length is read fine)."""
+CRASHED_ESPEAK = [
+    "a." * 300, "a.b.c. " * 100, "A.B.C." * 100, "http://" + "a.b.c.d." * 25 + "com",  # dotted letters
+    "k . e . m . u . " * 25, "k..e..m.." * 33, "\u00e9 . \u00e8 . \u00ea . " * 17, "k.e., m.u., b.c., " * 17,
+    "".join(f"{c}\u00ad." for c in _FUZZ_LETTERS),  # soft hyphens
+    "\U0001d41a.\U0001d41b." * 13,  # 4-byte letters: from 26 on
+    "ness" * 71, "s'" * 71, "'s" * 71, "hopelessness" + "ness" * 70, "The " + "ness" * 71 + " is here.",  # suffix stacks
+]
+
+
+@pytest.mark.parametrize("text", CRASHED_ESPEAK)
+def test_texts_that_crash_espeak_are_spoken_not_refused(text: str) -> None:
     assert len(list(sentences(text, "en-us"))) >= 1
 
 
