@@ -150,20 +150,21 @@ class CacheService:
         key, background = _key(request), Background()
 
         async def in_background() -> AsyncIterator[bytes]:
-            # The registry's rules (load_on_demand; a failed load is not tried again), no deadline.
-            await self.registry.voice(info.voice_id, math.inf)
-            self.warm.synthesized += 1
-            async for chunk in self.pipeline.synthesize_stream(request, background):
-                yield chunk
+            # Runs only if the phrase is neither cached nor being synthesized already.
+            self._warming[key.digest] = background
+            try:
+                # The registry's rules (load_on_demand; a failed load is not tried again), no deadline.
+                await self.registry.voice(info.voice_id, math.inf)
+                self.warm.synthesized += 1
+                async for chunk in self.pipeline.synthesize_stream(request, background):
+                    yield chunk
+            finally:
+                del self._warming[key.digest]
 
-        self._warming[key.digest] = background
-        try:
-            stream = await self.cache.stream(key, in_background, sample_rate=request.sample_rate)
-            async with stream:
-                async for _ in stream:
-                    pass
-        finally:
-            del self._warming[key.digest]
+        stream = await self.cache.stream(key, in_background, sample_rate=request.sample_rate)
+        async with stream:
+            async for _ in stream:
+                pass
 
     # -- figures ----------------------------------------------------------------------------------
 

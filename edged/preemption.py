@@ -16,6 +16,8 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
+from .errors import EdgedError
+
 if TYPE_CHECKING:
     import onnxruntime as ort
 
@@ -72,7 +74,7 @@ class Preemption:
         import onnxruntime as ort  # loaded with the first voice already
 
         while True:
-            if not background.promoted.is_set():
+            if not background.promoted.is_set() and not self._idle.is_set():
                 await _first_of(self._idle, background.promoted)
             run_options = ort.RunOptions()
             if not background.promoted.is_set():
@@ -80,8 +82,10 @@ class Preemption:
                 self._background_runs.add(run_options)
             try:
                 return await stage.run(fn, *args, run_options)
-            except Exception:
-                if not run_options.terminate:
+            except Exception as exc:
+                # Only onnxruntime's own error means "stopped"; edged's (a text espeak-ng refused,
+                # a stage timeout) is the call's answer even when a stop was asked for meanwhile.
+                if not run_options.terminate or isinstance(exc, EdgedError):
                     raise
                 self.preempted += 1
             finally:

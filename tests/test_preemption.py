@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
+
+import pytest
 
 from edged.config import PipelineSettings, StageSettings
 from edged.engine import SynthesisParams, Voice
+from edged.errors import BadInput
 from edged.pipeline import Pipeline, Stage, SynthesisRequest
 from edged.preemption import Background, Preemption
 from edged.windows import Window
@@ -40,6 +45,32 @@ def test_a_live_request_stops_the_background_run_which_is_made_again_whole(voice
         preemption.live_ended()
         assert await background == reference
         assert preemption.preempted == 1
+        stage.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_error_of_edged_is_not_taken_for_a_stop() -> None:
+    # A text espeak-ng refuses while a live request arrives must fail the warm-up, not be made again
+    # (made again, the spent piece generator would end it early and the cache keep a cut-off phrase).
+    started = threading.Event()
+
+    def refused(run_options: object) -> None:
+        started.set()
+        while not run_options.terminate:  # type: ignore[attr-defined]
+            time.sleep(0.001)
+        raise BadInput("espeak-ng refused it")
+
+    async def scenario() -> None:
+        preemption = Preemption()
+        stage = Stage("text", StageSettings(concurrency=1, timeout_s=30))
+        task = asyncio.create_task(preemption.run(stage, refused, background=Background()))
+        await _until(started.is_set)
+        preemption.live_started()
+        with pytest.raises(BadInput):
+            await asyncio.wait_for(task, 10)
+        assert preemption.preempted == 0
+        preemption.live_ended()
         stage.close()
 
     asyncio.run(scenario())
