@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -29,8 +30,10 @@ from .errors import BadInput
 
 log = logging.getLogger(__name__)
 
-BLOCK_TIMEOUT_S = 10.0
-"""Longest time one block of text may take (espeak-ng needs ~2 ms per 1,000 characters)."""
+BLOCK_TIMEOUT_S = 2.0
+"""Longest time one block of text may take: espeak-ng needs ~4 ms for a block (2,000 characters),
+~0.2 s for the slowest found by fuzzing. Well under the text stage's timeout (5 s by default), so
+that a stalled text gets its own 400, not a stage timeout for it and for the requests behind it."""
 
 
 class EspeakProcess:
@@ -60,12 +63,16 @@ class EspeakProcess:
             except BrokenPipeError:
                 line = b""
             if line is None:
-                self._lose(child, "stalled")
+                self._lose(child, "stalled on a text")
                 raise BadInput(f"espeak-ng took over {self.timeout_s:g} s to read this text; it was not spoken")
             if not line:
-                self._lose(child, "died")
+                self._lose(child, "died on a text")
                 raise BadInput("espeak-ng, which reads the text, crashed on it; it was not spoken")
-        reply: dict[str, Any] = json.loads(line)
+            try:
+                reply: dict[str, Any] = json.loads(line)
+            except ValueError:  # out of step with us: its next line could answer another text
+                self._lose(child, "answered out of protocol")
+                raise BadInput("espeak-ng failed on this text; it was not spoken") from None
         if "error" in reply:
             raise BadInput(f"espeak-ng could not read the text: {reply['error']}")
         return reply["sentences"]  # type: ignore[no-any-return]
@@ -77,7 +84,9 @@ class EspeakProcess:
                 _stop(child)
 
     def _running(self) -> subprocess.Popen[bytes]:
-        if self._child is None or self._child.poll() is not None:
+        if self._child is not None and self._child.poll() is not None:
+            self._lose(self._child, "had exited")  # killed from outside, between two texts
+        if self._child is None:
             self._child = subprocess.Popen(
                 [sys.executable, "-m", "edged.espeak_worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 close_fds=True)
@@ -87,8 +96,7 @@ class EspeakProcess:
         _stop(child)
         self._child = None
         self.restarts += 1
-        log.error("the espeak-ng process %s on a text (exit %s); the text is refused and a new process "
-                  "takes the next one", how, child.returncode)
+        log.error("the espeak-ng process %s (exit %s); a new one takes the next text", how, child.returncode)
 
 
 ESPEAK = EspeakProcess()
@@ -99,10 +107,12 @@ atexit.register(ESPEAK.close)
 def _read_line(stream: IO[bytes], deadline: float) -> bytes | None:
     """One line from a pipe: b"" if it closed first, None if `deadline` passed first."""
     fd = stream.fileno()
+    ready = select.poll()
+    ready.register(fd, select.POLLIN)
     data = b""
     while not data.endswith(b"\n"):
         remaining = deadline - time.monotonic()
-        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+        if remaining <= 0 or not ready.poll(remaining * 1000):
             return None
         chunk = os.read(fd, 1 << 16)
         if not chunk:
@@ -158,6 +168,14 @@ def _set_voice_only_on_change(bridge: Any) -> None:
 
 
 def main() -> int:
+    # The daemon stops this process (closing its stdin, or SIGKILL): a Ctrl-C in a terminal or
+    # systemd's SIGTERM to the whole unit must not end it while the daemon drains.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Replies go out on a copy of stdout; anything espeak-ng itself prints goes to stderr instead
+    # of into the replies.
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
     phonemizer = _phonemizer()
     for line in sys.stdin.buffer:
         request = json.loads(line)
@@ -165,8 +183,8 @@ def main() -> int:
             reply: dict[str, Any] = {"sentences": phonemizer.phonemize(request["voice"], request["text"])}
         except Exception as exc:  # noqa: BLE001 (an unknown voice, say: the parent raises it as BadInput)
             reply = {"error": str(exc)}
-        sys.stdout.buffer.write(json.dumps(reply).encode("ascii") + b"\n")
-        sys.stdout.buffer.flush()
+        replies.write(json.dumps(reply).encode("ascii") + b"\n")
+        replies.flush()
     return 0
 
 

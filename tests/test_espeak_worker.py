@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,3 +53,23 @@ def test_the_child_stays_lean(espeak: EspeakProcess) -> None:
     pid = espeak._child.pid  # type: ignore[union-attr]
     maps = Path(f"/proc/{pid}/maps").read_text()
     assert "espeakbridge" in maps and "onnxruntime" not in maps and "numpy" not in maps
+
+
+def test_a_child_killed_between_texts_is_replaced(espeak: EspeakProcess) -> None:
+    before = espeak.phonemize("en-us", "The water is warm.")
+    child = espeak._child
+    assert child is not None
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    assert espeak.phonemize("en-us", "The water is warm.") == before
+    assert espeak.restarts == 1 and espeak._child is not child
+
+
+def test_the_child_outlives_a_sigterm_to_the_whole_service(espeak: EspeakProcess) -> None:
+    # systemd stops a unit by SIGTERM to all its processes; the daemon then drains, using espeak-ng.
+    espeak.phonemize("en-us", "Hello.")
+    child = espeak._child
+    assert child is not None
+    os.kill(child.pid, signal.SIGTERM)
+    time.sleep(0.2)
+    assert espeak.phonemize("en-us", "Still here.") and espeak._child is child and espeak.restarts == 0
