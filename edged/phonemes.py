@@ -31,11 +31,15 @@ _LETTER_CHAIN = re.compile(f"(?:{_DOTTED_LETTER}){{2,}}")
 a run as one abbreviation and crashes (segfault: an 80-byte buffer in CheckDottedAbbrev) when it is
 long: from ~97 ASCII letters, ~26 letters of 4 UTF-8 bytes, fewer with combining marks between."""
 _CHAIN_LIMITS = (20, 40)
-"""A run of this many letters, or of this many UTF-8 bytes, is spelled out; shorter ones ("U.S.A.",
-"e.g.") are left to espeak-ng, so that their ids stay Piper's."""
-_UNBROKEN = re.compile(r"\S{64}")
-"""64 characters without a space. espeak-ng crashes (a buffer overrun in TranslateWord3) on a word
-that stacks ~70 suffixes ("nessness...", "s's's'..."); no word of a language is this long."""
+"""A run of this many letters, or whose letters and marks (spaces and ASCII punctuation not counted)
+take this many UTF-8 bytes, is spelled out; shorter ones ("U.S.A.", "e.g.", "A. B., C. D.") are
+left to espeak-ng, so that their ids stay Piper's."""
+_NOT_COUNTED = re.compile(r"[\s!-/:-@\[-`{-~]")
+_UNBROKEN = re.compile(r"[^\s\u0e00-\u0fff\u1000-\u109f\u1780-\u17ff\u3000-\u9fff\uf900-\ufaff\uff00-\uffef"
+                       r"\U00020000-\U0003ffff]{64}")
+"""64 characters without a space, in scripts that separate words with spaces (not Thai, Lao,
+Tibetan, Myanmar, Khmer, Chinese, Japanese). espeak-ng crashes (a buffer overrun in TranslateWord3)
+on a word that stacks ~70 suffixes ("nessness...", "s's's'..."); no word of these is 64 long."""
 
 
 @dataclass(frozen=True)
@@ -73,8 +77,8 @@ def sentences(text: str, espeak_voice: str) -> Iterator[list[str]]:
     """Phonemes of each sentence that has something to pronounce."""
     if not text.strip():
         raise BadInput("text is empty")
-    for block in text_blocks(_safe_for_espeak(text)):
-        for phonemes in ESPEAK.phonemize(espeak_voice, block):
+    for block in text_blocks(text):
+        for phonemes in ESPEAK.phonemize(espeak_voice, _safe_for_espeak(block)):
             if any(p.isalpha() for p in phonemes):
                 yield phonemes
 
@@ -96,7 +100,8 @@ _ONE_DOTTED_LETTER = re.compile(_DOTTED_LETTER)
 def _spelled_if_long(run: re.Match[str]) -> str:
     letters, max_bytes = _CHAIN_LIMITS
     chain = run.group()
-    if len(_ONE_DOTTED_LETTER.findall(chain)) < letters and len(chain.encode("utf-8", "replace")) < max_bytes:
+    counted = _NOT_COUNTED.sub("", chain).encode("utf-8", "replace")
+    if len(_ONE_DOTTED_LETTER.findall(chain)) < letters and len(counted) < max_bytes:
         return chain
     return _ONE_DOTTED_LETTER.sub(r"\1. ", chain)
 
