@@ -35,9 +35,7 @@ def percentiles(values: Sequence[float], scale: float = 1000.0) -> dict[str, flo
 
 
 def middle_and_max(values: Iterable[float]) -> tuple[float | None, float | None]:
-    """The middle value (the upper of the two for an even count) and the largest, unrounded;
-    (None, None) when there are no values."""
-    ordered = sorted(values)
-    if not ordered:
-        return None, None
-    return ordered[len(ordered) // 2], ordered[-1]
+    """p50 (nearest rank, as in `percentiles`) and the largest, rounded to 0.1; (None, None) when
+    there are no values."""
+    figures = percentiles(list(values), scale=1.0)
+    return figures["p50"], figures["max"]
