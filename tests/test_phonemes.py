@@ -10,7 +10,7 @@ from piper import PiperVoice
 from piper.config import PiperConfig
 
 from edged.errors import BadInput
-from edged.phonemes import PieceLimits, pieces_ids, sentences, split_pieces, text_blocks
+from edged.phonemes import PieceLimits, _safe_for_espeak, pieces_ids, sentences, split_pieces, text_blocks
 
 CORPUS = [
     "Your timer is done.",
@@ -65,6 +65,20 @@ def test_short_abbreviations_are_left_to_espeak(piper_voice: PiperVoice) -> None
     config = piper_voice.config
     expected = [piper_voice.phonemes_to_ids(p) for p in piper_voice.phonemize(text) if p]
     assert list(pieces_ids(text, config.espeak_voice, config.phoneme_id_map, PieceLimits(0, 0))) == expected
+
+
+@pytest.mark.parametrize("text", [
+    "Authors: A. B., C. D., E. F., G. H., I. J., K. L., M. N. and J. R. R. Tolkien.",
+    'She said "I. M. F."\n\n\nNext chapter, version 1.2.3.4 at 10.0.0.1, U.S.      now.',
+    "\u6211\u4eec\u4eca\u5929\u53bb\u516c\u56ed\u6563\u6b65\u3002" * 8,  # Chinese: no spaces, 80 characters
+    "\u0e27\u0e31\u0e19\u0e19\u0e35\u0e49\u0e2d\u0e32\u0e01\u0e32\u0e28\u0e14\u0e35" * 6,  # Thai, likewise
+])
+def test_ordinary_text_passes_the_guards_untouched(text: str) -> None:
+    assert _safe_for_espeak(text) == text
+
+
+def test_a_long_unspaced_run_gets_a_space_where_words_are_spaced() -> None:
+    assert _safe_for_espeak("x" * 70) == "x" * 64 + " " + "x" * 6
 
 
 def test_nul_in_text_is_read_as_a_space() -> None:
