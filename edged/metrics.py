@@ -121,7 +121,7 @@ class _DaemonCollector:
             ("edged_background_promoted", pipeline.preemption.promoted,
              "Warm-up syntheses made live because a live request waited for the same phrase."),
             ("edged_espeak_restarts", ESPEAK.restarts,
-             "Texts refused because espeak-ng's process died or stalled on them (it is started again)."),
+             "espeak-ng processes lost (died or stalled on a text, which was refused, or exited) and started again."),
             ("edged_client_disconnects", daemon.disconnects, "Streams whose client hung up."),
             ("edged_write_stalls", daemon.write_stalls, "Streams cut off because the client stopped reading."),
         ):

@@ -17,6 +17,7 @@ from typing import Any
 from edged.client import DaemonUnreachable, UnixConnection
 
 REPO = Path(__file__).resolve().parent.parent
+OTHER_VOICE = "en_US-other-medium"
 
 SENTENCE = ("When you get home this evening, please remember to water the tomatoes and the herbs on the "
             "balcony, feed the cat before seven, and check whether the parcel from your sister has arrived.")
@@ -152,3 +153,15 @@ def wait_for(predicate: Any, timeout: float = 10.0, interval: float = 0.02) -> A
             return value
         time.sleep(interval)
     raise AssertionError("condition not met in time")
+
+
+def other_voice(root: Path, bundle_dir: Path) -> Path:
+    """The default bundle installed a second time as OTHER_VOICE under root/voices (a daemon loads
+    it on first use only); returns that voices directory."""
+    voices = root / "voices"
+    other = voices / OTHER_VOICE
+    other.mkdir(parents=True, exist_ok=True)
+    for file in bundle_dir.iterdir():
+        if not (other / file.name).exists():
+            (other / file.name).symlink_to(file)
+    return voices

@@ -16,22 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon_harness import REPO, Daemon, Reply, wait_for
+from daemon_harness import OTHER_VOICE, REPO, Daemon, Reply, other_voice, wait_for
 
 MEDIUM = ("The parcel you ordered on Monday was left with your neighbour at number twelve, "
           "because nobody was home, and she will keep it for you until the weekend.")
-OTHER_VOICE = "en_US-other-medium"
-
-
-def _other_voice(root: Path, bundle_dir: Path) -> Path:
-    """The default bundle installed a second time under another id (loaded on first use only)."""
-    voices = root / "voices"
-    other = voices / OTHER_VOICE
-    other.mkdir(parents=True, exist_ok=True)
-    for file in bundle_dir.iterdir():
-        if not (other / file.name).exists():
-            (other / file.name).symlink_to(file)
-    return voices
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +150,7 @@ def test_status_has_a_cache_block(cached: Daemon) -> None:
 
 def test_hit_after_kill_9_and_restart_needs_no_voice(tmp_path: Path, bundle_dir: Path) -> None:
     # The other voice is loaded on demand only, and a request may wait 1 ms for it: a miss gets 503.
-    voices = _other_voice(tmp_path, bundle_dir)
+    voices = other_voice(tmp_path, bundle_dir)
     config = f'[pipeline]\nloading_wait_s = 0.001\n[voices]\nsearch_path = ["{voices}"]\n'
     text = "Served from disk after a crash."
     first = Daemon(tmp_path / "d", config).start()

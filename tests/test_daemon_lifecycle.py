@@ -14,7 +14,16 @@ import threading
 from pathlib import Path
 
 import pytest
-from daemon_harness import REPO, Daemon, Reply, post_raw, read_head, wait_for
+from daemon_harness import (
+    OTHER_VOICE,
+    REPO,
+    Daemon,
+    Reply,
+    other_voice,
+    post_raw,
+    read_head,
+    wait_for,
+)
 
 MEDIUM = ("The parcel you ordered on Monday was left with your neighbour at number twelve, "
           "because nobody was home, and she will keep it for you until the weekend.")
@@ -53,21 +62,17 @@ def test_stale_socket_file_is_replaced(tmp_path: Path, bundle_dir: Path) -> None
 def test_requests_for_a_loading_voice_wait_a_bounded_time_then_get_503(tmp_path: Path, bundle_dir: Path) -> None:
     # A second installed voice (the same bundle under another id) loads on its first request;
     # loading takes far longer than the 1 ms that requests may wait here.
-    voices = tmp_path / "voices"
-    other = voices / "en_US-other-medium"
-    other.mkdir(parents=True)
-    for file in bundle_dir.iterdir():
-        (other / file.name).symlink_to(file)
+    voices = other_voice(tmp_path, bundle_dir)
     config = f'[pipeline]\nloading_wait_s = 0.001\n[voices]\nsearch_path = ["{voices}"]\n'
     daemon = Daemon(tmp_path / "d", config).start()
     try:
         daemon.wait_state("READY")
-        body = {"text": "Hello.", "voice": "en_US-other-medium"}
+        body = {"text": "Hello.", "voice": OTHER_VOICE}
         reply = daemon.request("POST", "/v1/synthesize", body)
         assert reply.status == 503 and reply.headers["retry-after"] == "1"
         assert reply.json()["error"]["code"] == "not_ready"
         voices_listed = {v["id"]: v["state"] for v in daemon.get("/v1/voices").json()["voices"]}
-        assert voices_listed["en_US-other-medium"] in ("loading", "loaded")
+        assert voices_listed[OTHER_VOICE] in ("loading", "loaded")
         wait_for(lambda: daemon.request("POST", "/v1/synthesize", body).status == 200, timeout=30, interval=0.2)
     finally:
         assert daemon.stop() == 0
