@@ -141,7 +141,7 @@ class Voice:
             return fixed_windows(latents.n_frames, streaming.fixed_window, streaming.context)
         return growing_windows(
             latents.n_frames, streaming.first_window, streaming.max_window, streaming.context,
-            produced=produced,
+            streaming.decoder_context, produced=produced,
         )
 
     def decode_float(self, latents: Latents, window: Window, run_options: RunOptions | None = None) -> np.ndarray:
@@ -151,9 +151,11 @@ class Voice:
         if window.pad:
             frames = np.pad(frames, ((0, 0), (0, 0), (0, window.pad)))
             mask = np.pad(mask, ((0, 0), (0, 0), (0, window.pad)))
-        audio = self._back.run(None, {"latents": frames, "frame_mask": mask}, run_options)[0].reshape(-1)
-        hop = self.manifest.hop_length
-        return audio[(window.keep_start - window.in_start) * hop : (window.keep_end - window.in_start) * hop]
+        trim = np.array([window.trim_start, window.trim_end], dtype=np.int64)
+        feed = {"latents": frames, "frame_mask": mask, "trim": trim}
+        audio = self._back.run(None, feed, run_options)[0].reshape(-1)
+        hop, start = self.manifest.hop_length, window.decoded_start
+        return audio[(window.keep_start - start) * hop : (window.keep_end - start) * hop]
 
     def decode(self, latents: Latents, window: Window, run_options: RunOptions | None = None) -> bytes:
         """16-bit little-endian mono PCM for the frames the window keeps."""

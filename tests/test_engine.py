@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -140,4 +141,15 @@ def test_missing_file_and_bad_manifest_are_refused(bundle_dir: Path, tmp_path: P
     (copy / "manifest.json").unlink()
     (copy / "manifest.json").write_text("{not json", encoding="utf-8")
     with pytest.raises(BundleError, match="manifest"):
+        Voice.load(copy)
+
+
+def test_bundle_of_an_older_format_is_refused_with_the_way_out(bundle_dir: Path, tmp_path: Path) -> None:
+    # A format 1 back graph has no trim input: this engine could not run it.
+    copy = _copy_bundle(bundle_dir, tmp_path / "bundle")
+    manifest = json.loads((copy / "manifest.json").read_text(encoding="utf-8"))
+    manifest["format"] = 1
+    (copy / "manifest.json").unlink()
+    (copy / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    with pytest.raises(BundleError, match=r"format 1 .*rebuild it with python -m tools.build_voice"):
         Voice.load(copy)

@@ -4,19 +4,27 @@ The cut is at the latent frames that feed the flow: `/Add_output_0` (z_p, 1 x 19
 already applied) and `/Cast_2_output_0` (the frame mask). Everything before is the front (text
 encoder, duration predictor, alignment expansion); everything after is the back (flow + decoder),
 which only ever sees frames, so it can run on windows of them.
+
+The back has a third input, `trim` (int64 [2]): frames to drop at the start and at the end of the
+flow's output before the decoder. The flow's receptive field is about 32 frames each way, the
+decoder's a few: a window is given 32 frames of context on each side, but the decoder (most of the
+cost) only needs 12 of them (`edged.windows`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
+import onnx.numpy_helper
 from onnx.utils import Extractor
 
 FRONT_INPUTS = ["input", "input_lengths", "scales"]
 LATENTS = "/Add_output_0"
 FRAME_MASK = "/Cast_2_output_0"
-BACK_INPUTS = ["latents", "frame_mask"]
+TRIM = "trim"
+DECODER_FIRST_NODE = "/dec/conv_pre/Conv"
 AUDIO = "output"
 
 
@@ -37,8 +45,36 @@ def split_voice(model: onnx.ModelProto) -> tuple[onnx.ModelProto, onnx.ModelProt
     _check_closed(front)
     _rename_tensors(front, {LATENTS: "latents", FRAME_MASK: "frame_mask"})
     _rename_tensors(back, {LATENTS: "latents", FRAME_MASK: "frame_mask", AUDIO: "audio"})
+    _trim_decoder_input(back)
     front.graph.name, back.graph.name = "front", "back"
     return front, back
+
+
+def _trim_decoder_input(back: onnx.ModelProto) -> None:
+    """Let the `trim` input cut frames off the flow's output before the decoder reads it."""
+    graph = back.graph
+    first = [node for node in graph.node if node.name == DECODER_FIRST_NODE]
+    if not first:
+        raise CutError(f"source graph has no node {DECODER_FIRST_NODE}: not a Piper VITS export?")
+    frames = first[0].input[0]
+    trimmed = frames + "_trimmed"
+    readers = [i for i, node in enumerate(graph.node) if frames in node.input]
+    for i in readers:
+        graph.node[i].input[:] = [trimmed if name == frames else name for name in graph.node[i].input]
+    make = onnx.helper.make_node
+    graph.initializer.extend([onnx.numpy_helper.from_array(np.array([i], np.int64), f"trim/{i}")
+                              for i in range(4)])
+    nodes = [
+        make("Shape", [frames], ["trim/shape"], name="/trim/Shape"),
+        make("Slice", ["trim/shape", "trim/2", "trim/3"], ["trim/n_frames"], name="/trim/Frames"),
+        make("Slice", [TRIM, "trim/0", "trim/1"], ["trim/start"], name="/trim/Start"),
+        make("Slice", [TRIM, "trim/1", "trim/2"], ["trim/at_end"], name="/trim/AtEnd"),
+        make("Sub", ["trim/n_frames", "trim/at_end"], ["trim/end"], name="/trim/End"),
+        make("Slice", [frames, "trim/start", "trim/end", "trim/2"], [trimmed], name="/trim/Slice"),
+    ]
+    for offset, node in enumerate(nodes):  # before the first reader: graphs are in topological order
+        graph.node.insert(readers[0] + offset, node)
+    graph.input.append(onnx.helper.make_tensor_value_info(TRIM, onnx.TensorProto.INT64, [2]))
 
 
 def _check_closed(model: onnx.ModelProto) -> None:

@@ -147,9 +147,10 @@ def calibration_feeds(front: onnx.ModelProto, facts: VoiceFacts) -> dict[str, li
     for feed in feeds:
         latents, mask = session.run(None, feed)
         for w in growing_windows(latents.shape[2], streaming.first_window, streaming.max_window,
-                                 streaming.context):
+                                 streaming.context, streaming.decoder_context):
             back.append({"latents": latents[:, :, w.in_start : w.in_end],
-                         "frame_mask": mask[:, :, w.in_start : w.in_end]})
+                         "frame_mask": mask[:, :, w.in_start : w.in_end],
+                         "trim": np.array([w.trim_start, w.trim_end], dtype=np.int64)})
     return {"front": feeds, "back": back}
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from edged.bundle import Streaming
 from edged.engine import front_feed
 from edged.phonemes import PieceLimits, pieces_ids
 from edged.sessions import SessionSettings, open_session
@@ -30,7 +31,10 @@ EVAL_TEXTS = (
 SPEED_TEXT = "When it turns cold, the heating comes on by itself at six in the morning."
 """161 phoneme ids in one piece: a front run on a typical long piece."""
 SPEED_FRAMES = 96
-"""One back run: a 32-frame window with 32 frames of context on each side."""
+"""One back run: a 32-frame window with 32 frames of context on each side..."""
+SPEED_TRIM = np.array([Streaming.context - Streaming.decoder_context] * 2, dtype=np.int64)
+"""...of which the decoder decodes decoder_context."""
+NO_TRIM = np.array([0, 0], dtype=np.int64)
 
 
 class _Sessions:
@@ -44,7 +48,7 @@ class _Sessions:
     def speak(self, front: str, back: str, feed: dict) -> np.ndarray:
         """Whole-sentence audio through the front of one precision and the back of another."""
         latents, mask = self.by[front]["front"].run(None, feed)
-        return self.by[back]["back"].run(None, {"latents": latents, "frame_mask": mask})[0].reshape(-1)
+        return self.by[back]["back"].run(None, {"latents": latents, "frame_mask": mask, "trim": NO_TRIM})[0].reshape(-1)
 
 
 def measure(paths: dict[str, dict[str, Path]], facts: VoiceFacts, runs: int = 15) -> dict[str, Any]:
@@ -56,7 +60,8 @@ def measure(paths: dict[str, dict[str, Path]], facts: VoiceFacts, runs: int = 15
     ids = next(pieces_ids(SPEED_TEXT, facts.espeak_voice, facts.phoneme_id_map, PieceLimits(0, 0)))
     feeds = {"front": front_feed(ids, facts.scales())}
     latents, mask = sessions.by["fp32"]["front"].run(None, feeds["front"])
-    feeds["back"] = {"latents": latents[:, :, :SPEED_FRAMES], "frame_mask": mask[:, :, :SPEED_FRAMES]}
+    feeds["back"] = {"latents": latents[:, :, :SPEED_FRAMES], "frame_mask": mask[:, :, :SPEED_FRAMES],
+                     "trim": SPEED_TRIM}
     times: dict[str, list[float]] = {f"{g}.{p}": [] for g in feeds for p in paths}
     for i in range(runs + 2):  # interleaved, so that load from elsewhere hits both alike
         for key, taken in times.items():
