@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import edged.phonemes
@@ -13,6 +14,7 @@ from edged.bundle import read_manifest
 from edged.engine import EngineSettings, SynthesisParams, Voice
 from edged.errors import BadInput, BundleError, UnknownVoice
 from edged.voices import find_bundle
+from edged.windows import Window
 
 MEDIUM = "The quick brown fox jumps over the lazy dog, then it runs far away into the forest."
 
@@ -153,3 +155,19 @@ def test_bundle_of_an_older_format_is_refused_with_the_way_out(bundle_dir: Path,
     (copy / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
     with pytest.raises(BundleError, match=r"format 1 .*rebuild it with python -m tools.build_voice"):
         Voice.load(copy)
+
+
+def test_the_back_decodes_only_what_its_trim_leaves(voice: Voice) -> None:
+    latents = voice.front(next(iter(voice.pieces("The heating comes on at six."))),
+                          SynthesisParams(noise_scale=0, noise_w=0))
+    assert latents.n_frames > 90
+    whole = Window(40, 60, 8, 92)
+    trimmed = Window(40, 60, 8, 92, trim_start=20, trim_end=20)  # the decoder sees frames 28..72
+    kept = voice.decode_float(latents, whole), voice.decode_float(latents, trimmed)
+    assert len(kept[0]) == len(kept[1]) == 20 * voice.manifest.hop_length
+    noise = np.sum((kept[0].astype(np.float64) - kept[1]) ** 2)
+    assert 10 * np.log10(np.sum(kept[0].astype(np.float64) ** 2) / noise) > 60
+    # What the trim cuts is really not decoded: the edge frames come out differently.
+    edge = Window(28, 72, 8, 92)
+    assert not np.allclose(voice.decode_float(latents, edge)[:256],
+                           voice.decode_float(latents, Window(28, 72, 8, 92, 20, 20))[:256])
