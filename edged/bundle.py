@@ -35,7 +35,7 @@ class Streaming:
     decoder_context: int = 12
     """Of those, the frames the decoder decodes on each side (the rest is trimmed after the flow).
     The decoder's receptive field is small: 12 kept the joins exact (126 dB SNR against one whole
-    decode, with the flow run whole), 8 gave 63 dB; trimming took ~15% off the back's time."""
+    decode, with the flow run whole), 8 gave 63 dB; trimming took ~10% off the back's time."""
     fixed_window: int = 64
     """Window of the fixed-shape mode (input is always fixed_window + 2 * context frames)."""
 
