@@ -146,13 +146,7 @@ class Voice:
 
     def decode_float(self, latents: Latents, window: Window, run_options: RunOptions | None = None) -> np.ndarray:
         """Audio samples in [-1, 1] for the frames the window keeps."""
-        frames = latents.frames[:, :, window.in_start : window.in_end]
-        mask = latents.mask[:, :, window.in_start : window.in_end]
-        if window.pad:
-            frames = np.pad(frames, ((0, 0), (0, 0), (0, window.pad)))
-            mask = np.pad(mask, ((0, 0), (0, 0), (0, window.pad)))
-        trim = np.array([window.trim_start, window.trim_end], dtype=np.int64)
-        feed = {"latents": frames, "frame_mask": mask, "trim": trim}
+        feed = back_feed(latents.frames, latents.mask, window)
         audio = self._back.run(None, feed, run_options)[0].reshape(-1)
         hop, start = self.manifest.hop_length, window.decoded_start
         return audio[(window.keep_start - start) * hop : (window.keep_end - start) * hop]
@@ -176,6 +170,18 @@ def front_feed(ids: list[int], scales: np.ndarray) -> dict[str, np.ndarray]:
     phoneme ids and its [noise_scale, length_scale, noise_w]."""
     return {"input": np.array([ids], dtype=np.int64),
             "input_lengths": np.array([len(ids)], dtype=np.int64), "scales": scales}
+
+
+def back_feed(frames: np.ndarray, mask: np.ndarray, window: Window) -> dict[str, np.ndarray]:
+    """Inputs of the back graph for one window of a piece's latent frames and mask: the window's
+    input frames (zero-padded to a fixed shape), and the frames the back trims before its decoder."""
+    frames = frames[:, :, window.in_start : window.in_end]
+    mask = mask[:, :, window.in_start : window.in_end]
+    if window.pad:
+        frames = np.pad(frames, ((0, 0), (0, 0), (0, window.pad)))
+        mask = np.pad(mask, ((0, 0), (0, 0), (0, window.pad)))
+    return {"latents": frames, "frame_mask": mask,
+            "trim": np.array([window.trim_start, window.trim_end], dtype=np.int64)}
 
 
 def to_pcm16(audio: np.ndarray) -> bytes:

@@ -25,6 +25,11 @@ class Window:
     """Frames of the input that the back drops after the flow, before the decoder."""
     trim_end: int = 0
 
+    def __post_init__(self) -> None:
+        if not (self.in_start <= self.decoded_start <= self.keep_start < self.keep_end
+                <= self.in_end + self.pad - self.trim_end <= self.in_end + self.pad):
+            raise ValueError(f"inconsistent window {self}")
+
     @property
     def in_frames(self) -> int:
         return self.in_end - self.in_start + self.pad

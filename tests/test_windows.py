@@ -56,3 +56,12 @@ def test_fixed_windows_have_one_input_shape(n_frames: int) -> None:
     _assert_covers(windows, n_frames)
     assert {w.in_frames for w in windows} == {128}
     assert all(w.pad == 0 for w in windows) or len(windows) == 1
+
+
+def test_a_window_that_would_cut_the_wrong_audio_is_refused() -> None:
+    with pytest.raises(ValueError, match="inconsistent window"):
+        Window(40, 60, 8, 92, trim_start=40)  # the decoder would start after the kept frames
+    with pytest.raises(ValueError, match="inconsistent window"):
+        Window(40, 60, 8, 92, trim_end=40)
+    with pytest.raises(ValueError, match="inconsistent window"):
+        Window(40, 100, 8, 92)

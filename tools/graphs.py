@@ -59,6 +59,8 @@ def _trim_decoder_input(back: onnx.ModelProto) -> None:
     frames = first[0].input[0]
     trimmed = frames + "_trimmed"
     readers = [i for i, node in enumerate(graph.node) if frames in node.input]
+    if any(not graph.node[i].name.startswith("/dec/") for i in readers):
+        raise CutError(f"{frames} is read outside the decoder: cannot trim it for the decoder alone")
     for i in readers:
         graph.node[i].input[:] = [trimmed if name == frames else name for name in graph.node[i].input]
     make = onnx.helper.make_node

@@ -36,7 +36,7 @@ from onnxruntime.quantization import (
 )
 
 from edged.bundle import Streaming
-from edged.engine import front_feed
+from edged.engine import back_feed, front_feed
 from edged.phonemes import PieceLimits, pieces_ids
 from edged.windows import growing_windows
 
@@ -148,9 +148,7 @@ def calibration_feeds(front: onnx.ModelProto, facts: VoiceFacts) -> dict[str, li
         latents, mask = session.run(None, feed)
         for w in growing_windows(latents.shape[2], streaming.first_window, streaming.max_window,
                                  streaming.context, streaming.decoder_context):
-            back.append({"latents": latents[:, :, w.in_start : w.in_end],
-                         "frame_mask": mask[:, :, w.in_start : w.in_end],
-                         "trim": np.array([w.trim_start, w.trim_end], dtype=np.int64)})
+            back.append(back_feed(latents, mask, w))
     return {"front": feeds, "back": back}
 
 

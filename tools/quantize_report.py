@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from edged.bundle import Streaming
-from edged.engine import front_feed
+from edged.engine import back_feed, front_feed
 from edged.phonemes import PieceLimits, pieces_ids
 from edged.sessions import SessionSettings, open_session
+from edged.windows import Window
 
 from .quantize import CHOSEN, SWEEP_FILE, VoiceFacts, lsd, snr
 from .stats import median
@@ -31,10 +31,8 @@ EVAL_TEXTS = (
 SPEED_TEXT = "When it turns cold, the heating comes on by itself at six in the morning."
 """161 phoneme ids in one piece: a front run on a typical long piece."""
 SPEED_FRAMES = 96
-"""One back run: a 32-frame window with 32 frames of context on each side..."""
-SPEED_TRIM = np.array([Streaming.context - Streaming.decoder_context] * 2, dtype=np.int64)
-"""...of which the decoder decodes decoder_context."""
-NO_TRIM = np.array([0, 0], dtype=np.int64)
+"""One back run over 96 frames, all decoded: per frame, close to the large windows that make most
+of a long text (512 frames, of which the decoder's context is a small part)."""
 
 
 class _Sessions:
@@ -48,7 +46,8 @@ class _Sessions:
     def speak(self, front: str, back: str, feed: dict) -> np.ndarray:
         """Whole-sentence audio through the front of one precision and the back of another."""
         latents, mask = self.by[front]["front"].run(None, feed)
-        return self.by[back]["back"].run(None, {"latents": latents, "frame_mask": mask, "trim": NO_TRIM})[0].reshape(-1)
+        whole = Window(0, latents.shape[2], 0, latents.shape[2])
+        return self.by[back]["back"].run(None, back_feed(latents, mask, whole))[0].reshape(-1)
 
 
 def measure(paths: dict[str, dict[str, Path]], facts: VoiceFacts, runs: int = 15) -> dict[str, Any]:
@@ -60,8 +59,7 @@ def measure(paths: dict[str, dict[str, Path]], facts: VoiceFacts, runs: int = 15
     ids = next(pieces_ids(SPEED_TEXT, facts.espeak_voice, facts.phoneme_id_map, PieceLimits(0, 0)))
     feeds = {"front": front_feed(ids, facts.scales())}
     latents, mask = sessions.by["fp32"]["front"].run(None, feeds["front"])
-    feeds["back"] = {"latents": latents[:, :, :SPEED_FRAMES], "frame_mask": mask[:, :, :SPEED_FRAMES],
-                     "trim": SPEED_TRIM}
+    feeds["back"] = back_feed(latents, mask, Window(0, SPEED_FRAMES, 0, SPEED_FRAMES))
     times: dict[str, list[float]] = {f"{g}.{p}": [] for g in feeds for p in paths}
     for i in range(runs + 2):  # interleaved, so that load from elsewhere hits both alike
         for key, taken in times.items():
