@@ -1,4 +1,5 @@
 """Quality of a voice bundle: python -m tools.eval_quality [--quick] [--bundle DIR] [--zero-noise]
+[--renditions N]
 
 Four checks, JSON on stdout and a readable summary on stderr:
 
@@ -12,7 +13,8 @@ Four checks, JSON on stdout and a readable summary on stderr:
   only, if the bundle has int8 graphs (tools.quantize.lsd, the figure the builder records).
 - asr: word error rate of a Whisper tiny.en round trip over tools/eval_sentences.txt for fp32
   (unsplit and cut into pieces as the daemon does by default), int8, and Piper itself. Synthesis
-  runs at the voice's default noise (what users hear) unless --zero-noise.
+  runs at the voice's default noise (what users hear) unless --zero-noise, and each sentence is
+  spoken --renditions times (default 3), since one rendition's rate moves by a point or two.
 
 SNR is in dB (null: bit-identical), LSD in dB, WER in percent of reference words.
 """
@@ -210,14 +212,15 @@ def check_int8(bundle: Path, fp32: Voice, sentences: list[str]) -> dict[str, Any
 
 
 def check_asr(systems: dict[str, Callable[[str], Streamed]], sentences: list[str],
-              asr: Asr, sample_rate: int) -> dict[str, Any]:
-    """Word error rate of each system over the sentences, and how its joins looked on the way."""
+              asr: Asr, sample_rate: int, renditions: int = 1) -> dict[str, Any]:
+    """Word error rate of each system over the sentences, each spoken `renditions` times (the
+    voice's noise makes every rendition different), and how its joins looked on the way."""
     report: dict[str, Any] = {}
     for name, synth in systems.items():
         errors = words = 0
         seams: dict[str, list[dict]] = {"windows": [], "pieces": []}
         misheard = []
-        for text in sentences:
+        for text in (text for text in sentences for _ in range(renditions)):
             out = synth(text)
             heard = asr.transcribe(out.audio, sample_rate)
             e, w = word_errors(text, heard)
@@ -259,7 +262,8 @@ def read_sentences(path: Path = SENTENCES) -> list[str]:
     return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
 
-def evaluate(bundle: Path, quick: bool, zero_noise: bool, asr_settings: AsrSettings) -> dict[str, Any]:
+def evaluate(bundle: Path, quick: bool, zero_noise: bool, asr_settings: AsrSettings,
+             renditions: int = 1) -> dict[str, Any]:
     started = time.perf_counter()
     sentences = read_sentences()
     texts = dict(SNR_TEXTS)
@@ -287,9 +291,10 @@ def evaluate(bundle: Path, quick: bool, zero_noise: bool, asr_settings: AsrSetti
             systems["int8"] = _engine_system(bundle, EngineSettings(precision="int8", pieces=UNSPLIT), params)
         systems["piper"] = piper_system(params)
         _progress(f"ASR round trip: {', '.join(systems)}")
+        renditions = 1 if zero_noise else renditions  # without noise every rendition is the same
         result["asr"] = {"available": True, "noise": "zero" if zero_noise else "voice default",
-                         "asr_compute_type": asr_settings.compute_type,
-                         **check_asr(systems, sentences, asr, fp32.sample_rate)}
+                         "asr_compute_type": asr_settings.compute_type, "renditions": renditions,
+                         **check_asr(systems, sentences, asr, fp32.sample_rate, renditions)}
     result["seconds"] = round(time.perf_counter() - started, 1)
     return result
 
@@ -325,6 +330,8 @@ def summary(result: dict[str, Any]) -> str:
                 f"  {kind} joins {seams['joins']}: over p99.9 {seams['over_p999']}, local {seams['over_local']}"
                 for kind in ("windows", "pieces") if (seams := row.get(f"{kind}_seams")))
             lines.append(f"  WER {name:12} {row['wer_percent']:5.1f} %  ({row['errors']}/{row['words']}){seam_text}")
+    if asr["available"]:
+        lines.append(f"  (each sentence spoken {asr['renditions']} time(s), noise: {asr['noise']})")
     return "\n".join(lines)
 
 
@@ -360,9 +367,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a small subset (a fifth of the sentences, no long text)")
     parser.add_argument("--zero-noise", action="store_true", help="ASR round trip with noise scales 0 (deterministic)")
     parser.add_argument("--asr-float32", action="store_true", help="run Whisper in float32 (~4x slower)")
+    parser.add_argument("--renditions", type=int, default=3,
+                        help="times each sentence is spoken for the word error rate (default 3: one "
+                             "rendition's rate moves by a point or two with the voice's noise)")
     args = parser.parse_args(argv)
+    if args.renditions < 1:
+        parser.error("--renditions must be at least 1")
     asr_settings = AsrSettings(compute_type="float32" if args.asr_float32 else "int8")
-    result = evaluate(args.bundle, args.quick, args.zero_noise, asr_settings)
+    result = evaluate(args.bundle, args.quick, args.zero_noise, asr_settings, args.renditions)
     print(summary(result), file=sys.stderr)
     json.dump(_finite(result), sys.stdout, indent=2, allow_nan=False)
     print()
