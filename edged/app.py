@@ -55,7 +55,7 @@ class WriteStalled(Exception):
 
 
 class App:
-    def __init__(self, daemon: Daemon, metrics: Metrics, over_limit: Callable[[], bool] = lambda: False) -> None:
+    def __init__(self, daemon: Daemon, metrics: Metrics, over_limit: Callable[[], bool]) -> None:
         self.daemon = daemon
         self.settings = daemon.settings
         self.metrics = metrics

@@ -149,7 +149,6 @@ class Daemon:
     def close(self) -> None:
         self.pipeline.close()
         self.registry.close()
-        ESPEAK.close()
 
 
 def process_figures() -> dict[str, float]:

@@ -161,14 +161,10 @@ class Phrase:
 
 def cache_scope(data: dict[str, Any]) -> CacheScope:
     _no_unknown(data, ("voice", "version", "tag"))
-    for name in ("voice", "version"):
-        value = data.get(name)
-        if value is not None and (not isinstance(value, str) or not value.isprintable() or len(value) > TAG_MAX):
-            raise BadInput(f"{name!r} must be a printable string of at most {TAG_MAX} characters")
     for name in ("voice", "version", "tag"):
         if data.get(name) == "":  # else it would read as "not given", and clear everything
             raise BadInput(f"{name!r} is empty; leave it out to clear every {name}")
-    scope = CacheScope(_optional_str(data, "voice"), _optional_str(data, "version"), _tag(data.get("tag")))
+    scope = CacheScope(*(_tag(data.get(name), name) for name in ("voice", "version", "tag")))
     if scope.version is not None and scope.voice is None:
         raise BadInput("'version' needs 'voice'")
     return scope
@@ -203,12 +199,12 @@ def _shown(value: Any) -> str:
     return shown if len(shown) <= 80 else shown[:80] + "..."
 
 
-def _tag(value: Any) -> str | None:
-    """A cache tag: a short printable string."""
+def _tag(value: Any, name: str = "tag") -> str | None:
+    """A cache tag, or a voice or version naming cache entries: a short printable string."""
     if value is None or value == "":
         return None
     if not isinstance(value, str) or len(value) > TAG_MAX or not value.isprintable():
-        raise BadInput(f"'tag' must be a printable string of at most {TAG_MAX} characters")
+        raise BadInput(f"{name!r} must be a printable string of at most {TAG_MAX} characters")
     return value
 
 

@@ -16,8 +16,6 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from .errors import EdgedError
-
 if TYPE_CHECKING:
     import onnxruntime as ort
 
@@ -72,6 +70,7 @@ class Preemption:
         """`fn(*args, run_options)` in `stage` while no live synthesis is about, as often as it is
         stopped for one; at once and to its end once `background` is promoted."""
         import onnxruntime as ort  # loaded with the first voice already
+        from onnxruntime.capi.onnxruntime_pybind11_state import Fail
 
         while True:
             if not background.promoted.is_set() and not self._idle.is_set():
@@ -82,10 +81,10 @@ class Preemption:
                 self._background_runs.add(run_options)
             try:
                 return await stage.run(fn, *args, run_options)
-            except Exception as exc:
-                # Only onnxruntime's own error means "stopped"; edged's (a text espeak-ng refused,
-                # a stage timeout) is the call's answer even when a stop was asked for meanwhile.
-                if not run_options.terminate or isinstance(exc, EdgedError):
+            except Fail:
+                # Only onnxruntime's own failure can be the stop; anything else (a text espeak-ng
+                # refused, a stage timeout) is the call's answer even if a stop was asked meanwhile.
+                if not run_options.terminate:
                     raise
                 self.preempted += 1
             finally:

@@ -29,11 +29,11 @@ class SessionSettings:
     syntheses at once) it completed ~15% fewer of them (tools.daemon_bench --only overload)."""
     prepack: bool = True
     """Let onnxruntime repack conv and matmul weights for its kernels: a heap copy of weights that
-    otherwise stay in the mapped file (+9 MB for the int8 graphs, +3 MB for fp32). Measured with the int8 default (tools.bench, two runs
-    each, alternating): first audio 24 against 30-35 ms (short) and 28 against 39-42 ms (22 s
-    sentence), RTF ratio to Piper 0.85-0.87 against 0.89-0.91; for +9 MB anonymous memory after
-    load (61 against 52 MB; Piper 107) and 8-17 ms more load time. Both graphs gain: the front's
-    repacking is most of the first-audio gain, the back's most of the RTF gain."""
+    otherwise stay in the mapped file. Measured with the int8 default (tools.bench, two runs each,
+    alternating): first audio 24 against 30-35 ms (short) and 28 against 39-42 ms (22 s sentence),
+    RTF ratio to Piper 0.85-0.87 against 0.89-0.91; for +9 MB anonymous memory after load (61
+    against 52 MB; Piper 107; fp32 graphs +3 MB) and 8-17 ms more load time. Both graphs gain: the
+    front's repacking is most of the first-audio gain, the back's most of the RTF gain."""
 
 
 def session_options(settings: SessionSettings) -> ort.SessionOptions:

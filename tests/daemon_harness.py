@@ -21,6 +21,9 @@ OTHER_VOICE = "en_US-other-medium"
 
 SENTENCE = ("When you get home this evening, please remember to water the tomatoes and the herbs on the "
             "balcony, feed the cat before seven, and check whether the parcel from your sister has arrived.")
+MEDIUM = ("The parcel you ordered on Monday was left with your neighbour at number twelve, "
+          "because nobody was home, and she will keep it for you until the weekend.")
+"""About five seconds of audio."""
 LONG_TEXT = " ".join([SENTENCE] * 12)
 """About three minutes of audio: long enough that a stream is still running when a test acts."""
 

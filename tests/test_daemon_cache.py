@@ -16,10 +16,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon_harness import OTHER_VOICE, REPO, Daemon, Reply, other_voice, wait_for
-
-MEDIUM = ("The parcel you ordered on Monday was left with your neighbour at number twelve, "
-          "because nobody was home, and she will keep it for you until the weekend.")
+from daemon_harness import (
+    LONG_TEXT,
+    MEDIUM,
+    OTHER_VOICE,
+    REPO,
+    Daemon,
+    Reply,
+    other_voice,
+    post_raw,
+    wait_for,
+)
 
 
 @pytest.fixture(scope="module")
@@ -125,10 +132,8 @@ def test_warm_up_fills_the_cache_and_reports_progress(cached: Daemon) -> None:
 
 def test_a_request_for_a_phrase_being_warmed_does_not_wait_behind_live_work(cached: Daemon) -> None:
     # A live synthesis that stays about: its client asks for minutes of audio and never reads them.
-    body = json.dumps({"text": " ".join([MEDIUM] * 30), "format": "pcm"}).encode("utf-8")
     stalled = cached.connect()
-    stalled.sendall(b"POST /v1/synthesize HTTP/1.1\r\nHost: edged\r\nContent-Type: application/json\r\n"
-                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    stalled.sendall(post_raw(json.dumps({"text": LONG_TEXT, "format": "pcm"}).encode("utf-8")))
     try:
         wait_for(lambda: cached.status()["admission"]["active"] == 1)
         phrase = "Warmed while another client holds a synthesis."

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from daemon_harness import (
+    MEDIUM,
     OTHER_VOICE,
     REPO,
     Daemon,
@@ -24,9 +25,6 @@ from daemon_harness import (
     read_head,
     wait_for,
 )
-
-MEDIUM = ("The parcel you ordered on Monday was left with your neighbour at number twelve, "
-          "because nobody was home, and she will keep it for you until the weekend.")
 
 
 def test_socket_is_made_private_and_a_live_daemon_is_not_taken_over(tmp_path: Path, bundle_dir: Path) -> None:

@@ -89,17 +89,14 @@ def _request(voice: Voice, text: str) -> SynthesisRequest:
 
 
 def test_background_synthesis_takes_no_slot_and_waits_for_live_ones(voice: Voice) -> None:
-    def request(text: str) -> SynthesisRequest:
-        return _request(voice, text)
-
     async def scenario() -> None:
         pipeline = Pipeline(PipelineSettings(max_active=1, queue_size=0), _Loaded(voice))
-        live = pipeline.synthesize_stream(request("Your timer is done."))
+        live = pipeline.synthesize_stream(_request(voice, "Your timer is done."))
         await anext(live)  # holds the only admission slot
         background_chunks: list[bytes] = []
 
         async def run_background() -> None:
-            async for chunk in pipeline.synthesize_stream(request("Warmed in the background."), Background()):
+            async for chunk in pipeline.synthesize_stream(_request(voice, "Warmed in the background."), Background()):
                 background_chunks.append(chunk)
 
         background = asyncio.create_task(run_background())

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import compileall
+import functools
 import json
 import os
 import socket
@@ -44,6 +45,13 @@ LONG = ("When you get home this evening, please remember to water the tomatoes a
 MEDIUM = TEXTS["medium"]
 
 
+@functools.cache
+def _compile_edged() -> None:
+    """Start-up is measured as installed, where pip has compiled the bytecode; an editable install
+    under PYTHONDONTWRITEBYTECODE would compile edged at every start (~100 ms here). Once per run."""
+    compileall.compile_dir(REPO / "edged", quiet=1)
+
+
 class DaemonProcess:
     def __init__(self, directory: Path, config: str = "", cache_home: Path | None = None) -> None:
         self.socket = directory / "edged.sock"
@@ -56,9 +64,7 @@ class DaemonProcess:
         # A cache of its own, removed after the run unless the caller keeps one.
         env = {**os.environ, "XDG_CACHE_HOME": str(cache_home or directory / "cache"),
                "NOTIFY_SOCKET": str(directory / "notify.sock")}
-        # Start-up is measured as installed, where pip has compiled the bytecode; an editable
-        # install under PYTHONDONTWRITEBYTECODE would compile edged at every start (~100 ms here).
-        compileall.compile_dir(REPO / "edged", quiet=1)
+        _compile_edged()
         self.exec_at = time.perf_counter()
         self.proc = subprocess.Popen([sys.executable, "-m", "edged", "serve", "--socket", str(self.socket),
                                       "--config", str(config_file)], cwd=REPO, stdout=self.log,
@@ -116,20 +122,21 @@ class DaemonProcess:
             self.proc.kill()
             return self.proc.wait(10)
         finally:
-            self.log.close()
-            self.notify.close()
+            self._release()
 
     def kill(self) -> None:
         """SIGKILL, as a crash would: no shutdown at all."""
         self.proc.kill()
         self.proc.wait(10)
-        self.log.close()
-        self.notify.close()
+        self._release()
 
     def close(self) -> None:
         """Stopped, whatever happened before (a failed measurement, a kill)."""
         if self.proc.poll() is None:
             self.stop()
+        self._release()
+
+    def _release(self) -> None:
         self.log.close()
         self.notify.close()
 
