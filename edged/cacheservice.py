@@ -85,11 +85,12 @@ class CacheService:
         """The PCM of `request`: cached, joined to the same synthesis under way, or synthesized."""
         assert self.cache is not None
         key = _key(request)
+        stream = await self.cache.stream(key, lambda: self.pipeline.synthesize_stream(request),
+                                         sample_rate=request.sample_rate, tag=tag)
         warming = self._warming.get(key.digest)
-        if warming is not None:  # this request will join the warm-up's audio: it must not wait
+        if stream.status == "joined" and warming is not None:  # waits for the warm-up's audio
             self.pipeline.preemption.promote(warming)
-        return await self.cache.stream(key, lambda: self.pipeline.synthesize_stream(request),
-                                       sample_rate=request.sample_rate, tag=tag)
+        return stream
 
     # -- administration ------------------------------------------------------------------------
 
