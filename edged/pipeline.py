@@ -238,7 +238,10 @@ class Pipeline:
             produced = 0
             while (ids := await call(self.text, _next_piece, pieces)) is not None:
                 latents = await call(self.front, voice.front, ids, params)
-                for window in voice.windows(latents, produced):
+                # Requests waiting for admission: the box is past its capacity, and their wait,
+                # not first audio, is what grows; so decode for throughput (see Voice.windows).
+                throughput = background is not None or self.admission.waiting > 0
+                for window in voice.windows(latents, produced, throughput):
                     pcm = await call(self.back, voice.decode, latents, window)
                     self.counts.windows += 1
                     yield pcm

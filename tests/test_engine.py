@@ -41,6 +41,18 @@ def test_stream_yields_first_window_before_the_rest(voice: Voice) -> None:
     assert sum(map(len, chunks)) / 2 / voice.sample_rate > 3.0
 
 
+def test_throughput_windows_decode_a_piece_at_once_with_the_same_audio(voice: Voice) -> None:
+    latents = voice.front(next(voice.pieces(MEDIUM)), SynthesisParams(noise_scale=0, noise_w=0))
+    assert latents.n_frames <= voice.manifest.streaming.max_window
+    streamed = [voice.decode_float(latents, w) for w in voice.windows(latents)]
+    at_once = [voice.decode_float(latents, w) for w in voice.windows(latents, throughput=True)]
+    assert len(streamed) > 1 and len(at_once) == 1
+    reference, test = np.concatenate(streamed), at_once[0]
+    assert len(test) == len(reference)
+    snr = 10 * np.log10(np.sum(reference**2) / np.sum((test - reference) ** 2))
+    assert snr > 100
+
+
 def test_speed_changes_duration(voice: Voice) -> None:
     params = SynthesisParams(noise_scale=0, noise_w=0)
     normal = sum(map(len, voice.synthesize(MEDIUM, params)))

@@ -1,4 +1,4 @@
-"""Pipeline building blocks: stage limits and timeouts, admission, without a daemon."""
+"""The pipeline without a daemon: stage limits and timeouts, admission, and how it plans windows."""
 
 from __future__ import annotations
 
@@ -6,10 +6,13 @@ import asyncio
 import threading
 
 import pytest
+from pipeline_helpers import Loaded, request_for
 
-from edged.config import StageSettings
+from edged.config import PipelineSettings, StageSettings
+from edged.engine import Voice
 from edged.errors import Busy, StageTimeout
-from edged.pipeline import Admission, Stage
+from edged.pipeline import Admission, Pipeline, Stage
+from edged.preemption import Background
 
 
 def test_stage_timeout_frees_its_slot_only_when_the_thread_ends() -> None:
@@ -73,5 +76,33 @@ def test_admission_queue_timeout_is_busy() -> None:
         with pytest.raises(Busy, match="no synthesis slot"):
             await admission.enter()
         assert admission.waiting == 0
+
+    asyncio.run(scenario())
+
+
+def test_requests_planned_while_others_queue_are_decoded_for_throughput(voice: Voice) -> None:
+    text = "Your timer is done."
+    first_window_bytes = voice.manifest.streaming.first_window * voice.manifest.hop_length * 2
+
+    async def chunks(stream) -> list[bytes]:  # type: ignore[no-untyped-def]
+        return [chunk async for chunk in stream]
+
+    async def scenario() -> None:
+        pipeline = Pipeline(PipelineSettings(max_active=1, queue_size=2), Loaded(voice))
+        holder = pipeline.synthesize_stream(request_for(voice, text))
+        await anext(holder)  # holds the only slot
+        queued_first = asyncio.create_task(chunks(pipeline.synthesize_stream(request_for(voice, text))))
+        queued_last = asyncio.create_task(chunks(pipeline.synthesize_stream(request_for(voice, text))))
+        while pipeline.admission.waiting < 2:
+            await asyncio.sleep(0.001)
+        await holder.aclose()
+        # The first queued request is planned while the other still waits: one window for its
+        # one piece. The last one is planned with nobody waiting: a small first window again.
+        assert len(await queued_first) == 1
+        alone = await queued_last
+        assert len(alone) > 1 and len(alone[0]) == first_window_bytes
+        # Nobody waits on a background synthesis's first audio either.
+        assert len(await chunks(pipeline.synthesize_stream(request_for(voice, text), Background()))) == 1
+        pipeline.close()
 
     asyncio.run(scenario())

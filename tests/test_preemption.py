@@ -7,11 +7,12 @@ import threading
 import time
 
 import pytest
+from pipeline_helpers import Loaded, request_for
 
 from edged.config import PipelineSettings, StageSettings
 from edged.engine import SynthesisParams, Voice
 from edged.errors import BadInput
-from edged.pipeline import Pipeline, Stage, SynthesisRequest
+from edged.pipeline import Pipeline, Stage
 from edged.preemption import Background, Preemption
 from edged.windows import Window
 
@@ -76,27 +77,15 @@ def test_an_error_of_edged_is_not_taken_for_a_stop() -> None:
     asyncio.run(scenario())
 
 
-class _Loaded:
-    def __init__(self, voice: Voice) -> None:
-        self._voice = voice
-
-    async def voice(self, voice_id: str, wait_s: float) -> Voice:
-        return self._voice
-
-
-def _request(voice: Voice, text: str) -> SynthesisRequest:
-    return SynthesisRequest(text, voice.voice_id, voice.manifest.version, voice.sample_rate)
-
-
 def test_background_synthesis_takes_no_slot_and_waits_for_live_ones(voice: Voice) -> None:
     async def scenario() -> None:
-        pipeline = Pipeline(PipelineSettings(max_active=1, queue_size=0), _Loaded(voice))
-        live = pipeline.synthesize_stream(_request(voice, "Your timer is done."))
+        pipeline = Pipeline(PipelineSettings(max_active=1, queue_size=0), Loaded(voice))
+        live = pipeline.synthesize_stream(request_for(voice, "Your timer is done."))
         await anext(live)  # holds the only admission slot
         background_chunks: list[bytes] = []
 
         async def run_background() -> None:
-            async for chunk in pipeline.synthesize_stream(_request(voice, "Warmed in the background."), Background()):
+            async for chunk in pipeline.synthesize_stream(request_for(voice, "Warmed in the background."), Background()):
                 background_chunks.append(chunk)
 
         background = asyncio.create_task(run_background())
@@ -115,14 +104,14 @@ def test_background_synthesis_takes_no_slot_and_waits_for_live_ones(voice: Voice
 
 def test_a_promoted_background_synthesis_runs_while_live_ones_do(voice: Voice) -> None:
     async def scenario() -> None:
-        pipeline = Pipeline(PipelineSettings(max_active=1, queue_size=0), _Loaded(voice))
-        live = pipeline.synthesize_stream(_request(voice, LONG))
+        pipeline = Pipeline(PipelineSettings(max_active=1, queue_size=0), Loaded(voice))
+        live = pipeline.synthesize_stream(request_for(voice, LONG))
         await anext(live)  # a live synthesis is about (and stays so until it is closed)
         background = Background()
         chunks: list[bytes] = []
 
         async def run_background() -> None:
-            async for chunk in pipeline.synthesize_stream(_request(voice, "Wanted now."), background):
+            async for chunk in pipeline.synthesize_stream(request_for(voice, "Wanted now."), background):
                 chunks.append(chunk)
 
         task = asyncio.create_task(run_background())
