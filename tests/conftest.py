@@ -43,9 +43,5 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, bundle_dir: Path):
     do not stop or overload it."""
     from daemon_harness import Daemon
 
-    running = Daemon(tmp_path_factory.mktemp("daemon"), DAEMON_CONFIG).start()
-    try:
-        running.wait_state("READY")
+    with Daemon(tmp_path_factory.mktemp("daemon"), DAEMON_CONFIG) as running:
         yield running
-    finally:
-        assert running.stop() == 0, running.log_text()

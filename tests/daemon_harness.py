@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from edged.client import DaemonUnreachable, UnixConnection
 
@@ -65,6 +65,21 @@ class Daemon:
                 cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env,
             )
         return self
+
+    def __enter__(self) -> Self:
+        """Started and READY; stopped on leaving, where SIGTERM must end it with exit code 0."""
+        self.start()
+        try:
+            self.wait_state("READY")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        code = self.stop()
+        if exc_type is None:  # else the test's own failure is the one to report
+            assert code == 0, f"exit code {code} on SIGTERM:\n{self.log_text()}"
 
     def wait_state(self, state: str = "READY", timeout: float = 60.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout

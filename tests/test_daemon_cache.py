@@ -32,12 +32,8 @@ from daemon_harness import (
 @pytest.fixture(scope="module")
 def cached(tmp_path_factory: pytest.TempPathFactory, bundle_dir: Path) -> Iterator[Daemon]:
     """A daemon of this module's own: its tests clear the cache, which others must not see."""
-    running = Daemon(tmp_path_factory.mktemp("cached")).start()
-    try:
-        running.wait_state("READY")
+    with Daemon(tmp_path_factory.mktemp("cached")) as running:
         yield running
-    finally:
-        assert running.stop() == 0, running.log_text()
 
 
 def _synth(daemon: Daemon, text: str, **extra: object) -> Reply:
@@ -170,9 +166,7 @@ def test_hit_after_kill_9_and_restart_needs_no_voice(tmp_path: Path, bundle_dir:
         assert first.proc is not None
         first.proc.send_signal(signal.SIGKILL)
         first.proc.wait(10)
-    second = Daemon(tmp_path / "d", config).start()
-    try:
-        second.wait_state("READY")
+    with Daemon(tmp_path / "d", config) as second:
         reply = second.request("POST", "/v1/synthesize", body)
         assert reply.status == 200 and reply.headers["x-edged-cache"] == "hit"
         assert reply.body == original.body
@@ -180,21 +174,15 @@ def test_hit_after_kill_9_and_restart_needs_no_voice(tmp_path: Path, bundle_dir:
         assert states[OTHER_VOICE] == "installed"  # never loaded: the hit did not need it
         miss = second.request("POST", "/v1/synthesize", {**body, "text": "Not cached."})
         assert miss.status == 503 and miss.json()["error"]["code"] == "not_ready"
-    finally:
-        assert second.stop() == 0
 
 
 def test_configured_warm_file_is_warmed_at_start(tmp_path: Path, bundle_dir: Path) -> None:
     phrases = tmp_path / "phrases.txt"
     phrases.write_text("Warmed at start.\nAlso warmed at start.\n", encoding="utf-8")
-    daemon = Daemon(tmp_path / "d", f'[cache]\nwarm_file = "{phrases}"\n').start()
-    try:
-        daemon.wait_state("READY")
+    with Daemon(tmp_path / "d", f'[cache]\nwarm_file = "{phrases}"\n') as daemon:
         warm = wait_for(lambda: (w := daemon.status()["cache"]["warm"])["done"] == 2 and w, timeout=30)
         assert warm == {"total": 2, "done": 2, "synthesized": 2, "failed": 0}
         assert _synth(daemon, "Also warmed at start.").headers["x-edged-cache"] == "hit"
-    finally:
-        assert daemon.stop() == 0
 
 
 def test_a_warm_file_longer_than_the_queue_is_cut_not_fatal(tmp_path: Path, bundle_dir: Path) -> None:
@@ -202,12 +190,8 @@ def test_a_warm_file_longer_than_the_queue_is_cut_not_fatal(tmp_path: Path, bund
 
     phrases = tmp_path / "phrases.txt"
     phrases.write_text("".join(f"Phrase {i}.\n" for i in range(MAX_WARM_QUEUE + 1)), encoding="utf-8")
-    daemon = Daemon(tmp_path / "d", f'[cache]\nwarm_file = "{phrases}"\n').start()
-    try:
-        daemon.wait_state("READY")
+    with Daemon(tmp_path / "d", f'[cache]\nwarm_file = "{phrases}"\n') as daemon:
         assert daemon.status()["cache"]["warm"]["total"] == MAX_WARM_QUEUE
-    finally:
-        assert daemon.stop() == 0
 
 
 # -- administrative routes: only root or the admin group (SO_PEERCRED) ----------------------------
@@ -254,9 +238,7 @@ def test_admin_routes_need_root_or_the_admin_group(bundle_dir: Path, admin_group
     try:
         root.chmod(0o755)
         config = f'[server]\nsocket_mode = 0o666\nadmin_group = "{admin_group}"\n'
-        daemon = Daemon(root, config).start()
-        try:
-            daemon.wait_state("READY")
+        with Daemon(root, config) as daemon:
             health = _as_nobody(daemon.socket, "GET", "/v1/health")
             assert health["status"] == 200  # ordinary calls are open to whoever can connect
             for method, path in (("DELETE", "/v1/cache"), ("POST", "/v1/cache/warm")):
@@ -267,8 +249,6 @@ def test_admin_routes_need_root_or_the_admin_group(bundle_dir: Path, admin_group
                     assert answer["status"] == 403, answer
                     assert json.loads(answer["body"])["error"]["code"] == "forbidden"
             assert daemon.request("DELETE", "/v1/cache").status == 200  # root always may
-        finally:
-            assert daemon.stop() == 0
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

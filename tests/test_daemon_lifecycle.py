@@ -28,9 +28,7 @@ from daemon_harness import (
 
 
 def test_socket_is_made_private_and_a_live_daemon_is_not_taken_over(tmp_path: Path, bundle_dir: Path) -> None:
-    first = Daemon(tmp_path / "a").start()
-    try:
-        first.wait_state("READY")
+    with Daemon(tmp_path / "a") as first:
         assert stat.S_IMODE(first.socket.stat().st_mode) == 0o660
         second = Daemon(tmp_path / "b")
         second.socket = first.socket
@@ -38,8 +36,6 @@ def test_socket_is_made_private_and_a_live_daemon_is_not_taken_over(tmp_path: Pa
         assert second.proc is not None and second.proc.wait(30) == 2
         assert "another edged is running" in second.log_text()
         assert first.get("/v1/health").json()["state"] == "READY"  # still ours, still serving
-    finally:
-        assert first.stop() == 0
     assert not first.socket.exists()  # removed on stop
 
 
@@ -62,9 +58,7 @@ def test_requests_for_a_loading_voice_wait_a_bounded_time_then_get_503(tmp_path:
     # loading takes far longer than the 1 ms that requests may wait here.
     voices = other_voice(tmp_path, bundle_dir)
     config = f'[pipeline]\nloading_wait_s = 0.001\n[voices]\nsearch_path = ["{voices}"]\n'
-    daemon = Daemon(tmp_path / "d", config).start()
-    try:
-        daemon.wait_state("READY")
+    with Daemon(tmp_path / "d", config) as daemon:
         body = {"text": "Hello.", "voice": OTHER_VOICE}
         reply = daemon.request("POST", "/v1/synthesize", body)
         assert reply.status == 503 and reply.headers["retry-after"] == "1"
@@ -72,14 +66,10 @@ def test_requests_for_a_loading_voice_wait_a_bounded_time_then_get_503(tmp_path:
         voices_listed = {v["id"]: v["state"] for v in daemon.get("/v1/voices").json()["voices"]}
         assert voices_listed[OTHER_VOICE] in ("loading", "loaded")
         wait_for(lambda: daemon.request("POST", "/v1/synthesize", body).status == 200, timeout=30, interval=0.2)
-    finally:
-        assert daemon.stop() == 0
 
 
 def test_overload_is_refused_at_once_and_service_resumes(tmp_path: Path, bundle_dir: Path) -> None:
-    daemon = Daemon(tmp_path, "[pipeline]\nmax_active = 1\nqueue_size = 1\n").start()
-    try:
-        daemon.wait_state("READY")
+    with Daemon(tmp_path, "[pipeline]\nmax_active = 1\nqueue_size = 1\n") as daemon:
         statuses = []
         with contextlib.ExitStack() as closing:
             clients = [closing.enter_context(daemon.connect()) for _ in range(8)]
@@ -97,14 +87,10 @@ def test_overload_is_refused_at_once_and_service_resumes(tmp_path: Path, bundle_
         # After the burst (the two admitted streams were dropped by their clients) all is normal.
         reply = daemon.request("POST", "/v1/synthesize", {"text": "Back to normal."})
         assert reply.status == 200 and len(reply.body) > 44
-    finally:
-        assert daemon.stop() == 0
 
 
 def test_connections_over_the_limit_get_a_json_busy_and_service_resumes(tmp_path: Path, bundle_dir: Path) -> None:
-    daemon = Daemon(tmp_path, "[server]\nmax_connections = 2\n").start()
-    try:
-        daemon.wait_state("READY")
+    with Daemon(tmp_path, "[server]\nmax_connections = 2\n") as daemon:
         with contextlib.ExitStack() as closing:
             idle = [closing.enter_context(daemon.connect()) for _ in range(2)]  # connected, silent
             wait_for(lambda: daemon.request("GET", "/v1/health").status == 503)
@@ -113,8 +99,6 @@ def test_connections_over_the_limit_get_a_json_busy_and_service_resumes(tmp_path
             assert reply.json()["error"]["code"] == "busy" and "retry-after" in reply.headers
             assert len(idle) == 2
         wait_for(lambda: daemon.request("GET", "/v1/health").status == 200)  # once they are gone
-    finally:
-        assert daemon.stop() == 0
 
 
 def test_sigterm_finishes_inflight_requests_and_exits_0(tmp_path: Path, bundle_dir: Path) -> None:
