@@ -137,10 +137,11 @@ class Voice:
     def windows(self, latents: Latents, produced: int = 0, throughput: bool = False) -> list[Window]:
         """The back-graph windows of one piece, `produced` frames into the text.
 
-        `throughput` plans the largest windows from the start, for when nobody waits on the first
-        audio (other requests are queued, or it is a background synthesis): the small first window
-        pays for its context again, which made a 1 s prompt cost ~20% more in all (tools.bench's
-        short text, 61 against 50 ms in process).
+        `throughput` plans the largest windows from the start, for when first audio matters less
+        than throughput (requests queue behind this one, or it is a background synthesis): the
+        small first window pays for its context again, which made a 1 s prompt cost ~20% more in
+        all (tools.bench's short text, 61 against 50 ms in process). The fixed-shape mode keeps
+        its one shape anyway.
         """
         streaming = self.manifest.streaming
         if self.settings.fixed_shape:
