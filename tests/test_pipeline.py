@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import AsyncIterator
 
 import pytest
 from pipeline_helpers import Loaded, request_for
@@ -84,7 +85,7 @@ def test_requests_planned_while_others_queue_are_decoded_for_throughput(voice: V
     text = "Your timer is done."
     first_window_bytes = voice.manifest.streaming.first_window * voice.manifest.hop_length * 2
 
-    async def chunks(stream) -> list[bytes]:  # type: ignore[no-untyped-def]
+    async def chunks(stream: AsyncIterator[bytes]) -> list[bytes]:
         return [chunk async for chunk in stream]
 
     async def scenario() -> None:
