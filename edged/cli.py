@@ -21,7 +21,7 @@ def _synth(args: argparse.Namespace) -> int:
     params = SynthesisParams(speed=args.speed)
     settings = EngineSettings(precision=args.precision, fixed_shape=args.fixed_shape)
     voice = Voice.load(find_bundle(args.voice), settings)
-    chunks = voice.synthesize(text, params)
+    chunks = voice.synthesize(text, params, throughput=not args.raw)  # a WAV file is used whole
     if args.raw:
         out = sys.stdout.buffer
         for pcm in chunks:

@@ -162,12 +162,15 @@ class Voice:
         """16-bit little-endian mono PCM for the frames the window keeps."""
         return to_pcm16(self.decode_float(latents, window, run_options))
 
-    def synthesize(self, text: str, params: SynthesisParams | None = None) -> Iterator[bytes]:
+    def synthesize(self, text: str, params: SynthesisParams | None = None,
+                   throughput: bool = False) -> Iterator[bytes]:
+        """PCM chunks as they are decoded; `throughput` when nobody listens to the first chunk
+        early (a file written whole), see `windows`."""
         params = params or SynthesisParams()
         produced = 0
         for ids in self.pieces(text):
             latents = self.front(ids, params)
-            for window in self.windows(latents, produced):
+            for window in self.windows(latents, produced, throughput):
                 yield self.decode(latents, window)
             produced += latents.n_frames
 

@@ -53,6 +53,15 @@ def test_throughput_windows_decode_a_piece_at_once_with_the_same_audio(voice: Vo
     assert snr > 100
 
 
+def test_synthesize_for_throughput_gives_one_chunk_per_piece_and_the_same_audio(voice: Voice) -> None:
+    quiet = SynthesisParams(noise_scale=0, noise_w=0)
+    streamed = list(voice.synthesize(MEDIUM, quiet))
+    whole = list(voice.synthesize(MEDIUM, quiet, throughput=True))
+    assert len(whole) == len(list(voice.pieces(MEDIUM))) < len(streamed)
+    a, b = (np.frombuffer(b"".join(chunks), dtype="<i2").astype(int) for chunks in (streamed, whole))
+    assert len(a) == len(b) and np.abs(a - b).max() <= 1  # float rounding may move one step
+
+
 def test_speed_changes_duration(voice: Voice) -> None:
     params = SynthesisParams(noise_scale=0, noise_w=0)
     normal = sum(map(len, voice.synthesize(MEDIUM, params)))
