@@ -146,10 +146,9 @@ class Voice:
         streaming = self.manifest.streaming
         if self.settings.fixed_shape:
             return fixed_windows(latents.n_frames, streaming.fixed_window, streaming.context)
-        return growing_windows(
-            latents.n_frames, streaming.first_window, streaming.max_window, streaming.context,
-            streaming.decoder_context, produced=streaming.max_window if throughput else produced,
-        )
+        first = streaming.max_window if throughput else streaming.first_window
+        return growing_windows(latents.n_frames, first, streaming.max_window, streaming.context,
+                               streaming.decoder_context, produced=produced)
 
     def decode_float(self, latents: Latents, window: Window, run_options: RunOptions | None = None) -> np.ndarray:
         """Audio samples in [-1, 1] for the frames the window keeps."""
