@@ -25,6 +25,7 @@ from cache_helpers import (
 from edged.cache import AudioCache, CacheKey, CacheSettings, default_directory
 from edged.cache.diskstore import DiskStore
 from edged.cache.generations import Generations
+from edged.cache.layout import DBNAME, Layout
 from edged.cache.record import CachedAudio, EntryMeta, audio_checksum
 
 LOGGER = "edged.cache.diskstore"
@@ -35,7 +36,12 @@ def remount(path: Path, mode: str) -> None:
 
 
 def value_files(directory: Path) -> list[Path]:
-    return list(directory.glob("??/??/*.val"))
+    """The value files of the cache configured at `directory`."""
+    return list(Layout(directory).store.glob("??/??/*.val"))
+
+
+def database(directory: Path) -> Path:
+    return Layout(directory).store / DBNAME
 
 
 def warnings_logged(caplog: pytest.LogCaptureFixture, text: str) -> int:
@@ -160,7 +166,7 @@ def test_corrupted_database_is_moved_aside_and_rebuilt(tmp_path: Path) -> None:
     directory = tmp_path / "cache"
     old = _stored(tmp_path, ["one", "two"])
     assert len(value_files(directory)) == 2
-    (directory / "cache.db").write_bytes(b"not a database " * 4096)
+    database(directory).write_bytes(b"not a database " * 4096)
 
     async def scenario() -> None:
         cache = await AudioCache.open(CacheSettings(directory=directory, memory_bytes=1, ttl_seconds=None))
@@ -195,7 +201,7 @@ def test_database_overwritten_while_open_never_gives_a_wrong_answer(tmp_path: Pa
 
     async def scenario() -> None:
         cache = await AudioCache.open(CacheSettings(directory=directory, memory_bytes=1, ttl_seconds=None))
-        (directory / "cache.db").write_bytes(os.urandom((directory / "cache.db").stat().st_size))
+        database(directory).write_bytes(os.urandom(database(directory).stat().st_size))
         await check(cache)
         await settle(cache)
         await cache.close()
@@ -221,13 +227,13 @@ def _put(store: DiskStore, name: str, size: int = 40_000) -> CachedAudio:
 def test_entry_failing_its_checksum_is_dropped_not_served(tmp_path: Path) -> None:
     store = DiskStore.open(CacheSettings(directory=tmp_path / "cache"), Generations())
     entry = _put(store, "hello")
-    (path,) = value_files(store.directory)
+    (path,) = value_files(store.layout.directory)
     data = bytearray(path.read_bytes())
     data[-100] ^= 0xFF  # one flipped bit of audio
     path.write_bytes(bytes(data))
     assert store.get(entry.meta.key) is None
     assert store.stats.corrupt_dropped == 1
-    assert store.count == 0 and not value_files(store.directory)
+    assert store.count == 0 and not value_files(store.layout.directory)
     store.close()
 
 
@@ -239,7 +245,7 @@ def test_tampered_rows_are_never_unpickled(tmp_path: Path) -> None:
         def __reduce__(self):  # type: ignore[no-untyped-def]
             return (open, (str(marker), "w"))
 
-    db = sqlite3.connect(store.directory / "cache.db")
+    db = sqlite3.connect(database(store.layout.directory))
     rows = [("pickled", 4, None, pickle.dumps(Exploit())), ("escape", 2, "../../etc/passwd", None)]
     for key, mode, filename, value in rows:
         db.execute("INSERT INTO Cache (key, raw, store_time, access_time, tag, size, mode, filename, value)"
@@ -277,15 +283,21 @@ def test_touch_keeps_a_used_entry_from_being_evicted(tmp_path: Path) -> None:
     assert survivors(touch=True) == {"e0", "e11", "new"}
 
 
+def killed(store: DiskStore) -> None:
+    """Leave `store` as a kill -9 would: connections and lock gone, the open marker left."""
+    store._close_connections()
+    store._release()
+
+
 def test_unclean_shutdown_is_detected_and_repaired(tmp_path: Path) -> None:
     directory = tmp_path / "cache"
     store = DiskStore.open(CacheSettings(directory=directory), Generations())
     entry = _put(store, "kept")
     assert not store.needs_repair
-    orphan = directory / "ab" / "cd" / ("0" * 28 + ".val")  # a value whose row never committed
+    orphan = store.directory / "ab" / "cd" / ("0" * 28 + ".val")  # a value whose row never committed
     orphan.parent.mkdir(parents=True)
     orphan.write_bytes(b"partial")
-    del store  # no close(): as after kill -9
+    killed(store)
 
     again = DiskStore.open(CacheSettings(directory=directory), Generations())
     assert again.needs_repair
@@ -300,11 +312,15 @@ def test_cache_directory_is_private(tmp_path: Path) -> None:
     fresh = tmp_path / "a" / "b" / "cache"
     DiskStore.open(CacheSettings(directory=fresh), Generations()).close()
     assert fresh.stat().st_mode & 0o777 == 0o700
+    assert Layout(fresh).store.stat().st_mode & 0o777 == 0o700
+    # A directory that exists keeps its mode (it may not be the cache's alone); the audio is
+    # kept in a private directory of its own inside it.
     loose = tmp_path / "loose"
     loose.mkdir(mode=0o755)
     os.chmod(loose, 0o755)
     DiskStore.open(CacheSettings(directory=loose), Generations()).close()
-    assert loose.stat().st_mode & 0o777 == 0o700
+    assert loose.stat().st_mode & 0o777 == 0o755
+    assert Layout(loose).store.stat().st_mode & 0o777 == 0o700
 
 
 def test_default_directory_follows_systemd_then_xdg(tmp_path: Path) -> None:
@@ -312,3 +328,55 @@ def test_default_directory_follows_systemd_then_xdg(tmp_path: Path) -> None:
     assert default_directory({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "edged"
     assert default_directory({"XDG_CACHE_HOME": "relative"}) == Path.home() / ".cache" / "edged"
     assert default_directory({}) == Path.home() / ".cache" / "edged"
+
+
+def test_unclean_stop_in_a_shared_directory_repairs_only_the_cache(tmp_path: Path) -> None:
+    # A cache configured onto a directory that holds other files (here, a world-writable one):
+    # the repair after a kill -9 must not sweep them, nor change the directory's mode.
+    shared = tmp_path / "shared"
+    (shared / "docs").mkdir(parents=True)
+    (shared / "docs" / "thesis.txt").write_text("important")
+    (shared / "notes.txt").write_text("also important")
+    shared.chmod(0o1777)
+    store = DiskStore.open(CacheSettings(directory=shared), Generations())
+    _put(store, "hello")
+    killed(store)
+    orphan = Layout(shared).store / "ab" / "cd" / "orphan.val"
+    orphan.parent.mkdir(parents=True)
+    orphan.write_bytes(b"x")
+
+    again = DiskStore.open(CacheSettings(directory=shared), Generations())
+    assert again.state == "ok" and again.needs_repair
+    assert again.repair() >= 1 and not orphan.exists()
+    assert (shared / "docs" / "thesis.txt").read_text() == "important"
+    assert (shared / "notes.txt").read_text() == "also important"
+    assert shared.stat().st_mode & 0o7777 == 0o1777
+    assert len(value_files(shared)) == 1
+    again.close()
+
+
+def test_store_directory_holding_other_files_is_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store_dir = Layout(tmp_path / "cache").store
+    store_dir.mkdir(parents=True)
+    (store_dir / "photo.jpg").write_bytes(b"\xff\xd8")
+    store = DiskStore.open(CacheSettings(directory=tmp_path / "cache"), Generations())
+    assert store.state == "off"
+    assert warnings_logged(caplog, "photo.jpg") == 1
+    assert (store_dir / "photo.jpg").read_bytes() == b"\xff\xd8"
+    assert not (store_dir / DBNAME).exists()
+    store.close()
+
+
+def test_second_process_on_one_cache_directory_stays_memory_only(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    settings = CacheSettings(directory=tmp_path / "cache", write_retry_seconds=0)
+    first = DiskStore.open(settings, Generations())
+    _put(first, "hello")
+    # flock is per open file, so a second store in this process stands for a second process.
+    second = DiskStore.open(settings, Generations())
+    assert first.state == "ok" and second.state == "off"
+    assert warnings_logged(caplog, "in use by another edged process") == 1
+    first.close()
+    second.retry_open()  # the directory is free again
+    assert second.state == "ok" and second.count == 1 and not second.needs_repair
+    second.close()

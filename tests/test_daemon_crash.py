@@ -10,6 +10,7 @@ import pytest
 from cache_helpers import fill, small_filesystem
 from daemon_harness import Daemon, Reply, wait_for
 
+from edged.cache.layout import DBNAME, Layout
 from tools.daemon_crash import Ledger, crash_rounds
 
 SLOW = os.environ.get("EDGED_SLOW_TESTS") == "1"
@@ -80,8 +81,9 @@ def test_full_disk_keeps_serving_without_storing(tmp_path: Path, bundle_dir: Pat
 
 def test_corrupted_cache_database_is_moved_aside_at_start(tmp_path: Path, bundle_dir: Path) -> None:
     daemon = Daemon(tmp_path / "d", MEMORY_OFF)
-    daemon.cache_dir.mkdir(parents=True)
-    (daemon.cache_dir / "cache.db").write_bytes(os.urandom(64 * 1024))
+    database = Layout(daemon.cache_dir).store / DBNAME
+    database.parent.mkdir(parents=True)
+    database.write_bytes(os.urandom(64 * 1024))
     daemon.start()
     try:
         daemon.wait_state("READY")

@@ -82,7 +82,7 @@ def verify(directory: Path) -> dict[str, Any]:
     row = {"state": store.state, "open_ms": round(open_ms, 1), "served": served, "wrong": wrong,
            "dropped": store.stats.corrupt_dropped, "needed_repair": store.needs_repair,
            "repaired": store.repair() if store.needs_repair else 0}
-    row["orphans"] = len(list(directory.glob("??/??/*.val"))) - _file_rows(store)
+    row["orphans"] = len(list(store.directory.glob("??/??/*.val"))) - _file_rows(store)
     store.close()
     return row
 

@@ -1,11 +1,15 @@
 """The disk tier: a byte-capped diskcache on local disk that survives kill -9, a full disk and a
 corrupted database. Blocking: the facade calls it from worker threads.
 
+What lives in the cache directory, and the lock that keeps a second process out of it: see
+edged.cache.layout.
+
 Faults, and what happens:
 - kill -9 at any moment: SQLite's WAL rolls back the open transaction on the next open; a value
   file written before its row committed is an orphan, removed by `repair()` (diskcache's
   `check(fix=True)`), which the facade runs in the background when the last run did not close
   cleanly (`needs_repair`). A row whose audio is incomplete fails its checksum and is dropped.
+- Another process has the directory open: this tier stays off (memory-only), logged.
 - Disk full, read-only or unwritable directory: the write is undone (no partial file), logged once,
   counted in `stats.store_failures`, and writes pause for `write_retry_seconds`; reads go on.
   A directory that cannot be opened at all leaves the tier off (memory-only).
@@ -32,15 +36,12 @@ import diskcache  # type: ignore[import-untyped]  # no type hints in 5.6.3
 
 from . import faults, record
 from .generations import Generations
+from .layout import DBNAME, Layout, is_value_dir
 from .rawdisk import RawDisk, UnreadableRow
 from .settings import CacheSettings
 
 log = logging.getLogger(__name__)
 
-DBNAME = "cache.db"
-OPEN_MARKER = "edged.open"
-"""Present while a process has the cache open: found at open, the last run did not close."""
-CORRUPT_DIR = "corrupt"
 EvictionPolicy = Literal["least-recently-stored", "least-recently-used"]
 DiskState = Literal["ok", "paused", "off"]
 
@@ -65,7 +66,9 @@ class DiskStore:
     def __init__(self, settings: CacheSettings, generations: Generations,
                  eviction_policy: EvictionPolicy = "least-recently-stored") -> None:
         self.settings = settings
-        self.directory = settings.resolved_directory()
+        self.layout = Layout(settings.resolved_directory())
+        self.directory = self.layout.store
+        """diskcache's directory."""
         self.policy = eviction_policy
         self.stats = DiskStats()
         self.state: DiskState = "off"
@@ -75,6 +78,7 @@ class DiskStore:
         self.count = 0
         self._generations = generations
         self._cache: diskcache.Cache | None = None
+        self._lock_fd: int | None = None
         self._db: sqlite3.Connection | None = None
         self._db_lock = threading.Lock()
         self._lock = threading.Lock()
@@ -95,8 +99,9 @@ class DiskStore:
 
     def _open(self) -> None:
         try:
-            faults.private_dir(self.directory)
-            self.needs_repair = (self.directory / OPEN_MARKER).exists()
+            if self._lock_fd is None:
+                self._lock_fd = self.layout.claim()
+            self.needs_repair = self.layout.marker.exists()
             try:
                 self._connect()
             except sqlite3.DatabaseError as error:
@@ -106,14 +111,15 @@ class DiskStore:
                 self._connect()
         except (OSError, sqlite3.Error, diskcache.Timeout) as error:
             self._close_connections()
+            self._release()
             self.state = "off"
             self._paused_until = time.monotonic() + self.settings.write_retry_seconds
             self._log_once("open", "cache directory %s unusable, caching in memory only: %s",
-                           self.directory, error)
+                           self.layout.directory, error)
             return
         self.state = "ok"
         self._mark_open()
-        if any((self.directory / CORRUPT_DIR).glob("trash-*")):
+        if any(self.layout.corrupt.glob("trash-*")):
             self.needs_repair = True
 
     def retry_open(self) -> None:
@@ -157,7 +163,7 @@ class DiskStore:
     def _set_aside(self, error: BaseException) -> None:
         """Move a corrupted database and its value files out of the way; keep the newest db."""
         self._close_connections()
-        corrupt = self.directory / CORRUPT_DIR
+        corrupt = self.layout.corrupt
         faults.private_dir(corrupt)
         for old in corrupt.glob(DBNAME + ".*"):
             old.unlink(missing_ok=True)
@@ -167,8 +173,8 @@ class DiskStore:
             if path.exists():
                 path.rename(corrupt / f"{DBNAME}.{stamp}{suffix}")
         trash = Path(tempfile.mkdtemp(prefix="trash-", dir=corrupt))
-        for sub in self.directory.iterdir():  # diskcache's value directories: two hex digits
-            if sub.is_dir() and len(sub.name) == 2 and all(c in "0123456789abcdef" for c in sub.name):
+        for sub in self.directory.iterdir():
+            if sub.is_dir() and is_value_dir(sub.name):
                 sub.rename(trash / sub.name)
         self.stats.recoveries += 1
         self.needs_repair = True
@@ -190,7 +196,7 @@ class DiskStore:
 
     def _mark_open(self) -> None:
         try:
-            (self.directory / OPEN_MARKER).write_text(str(os.getpid()))
+            self.layout.marker.write_text(str(os.getpid()))
         except OSError:  # a full disk: the next open just will not know to repair
             pass
 
@@ -201,6 +207,11 @@ class DiskStore:
         if cache is not None:
             cache.close()
 
+    def _release(self) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)
+
     def close(self) -> None:
         self._closed = True
         was_open = self._cache is not None
@@ -208,14 +219,15 @@ class DiskStore:
         self.state = "off"
         if was_open:
             try:
-                (self.directory / OPEN_MARKER).unlink(missing_ok=True)
+                self.layout.marker.unlink(missing_ok=True)
             except OSError:  # read-only by now: the next open repairs, which is harmless
                 pass
+        self._release()
 
     def repair(self) -> int:
         """Check and fix database and files (orphan value files, counts); delete trash left by a
         rebuild. Slow on a big cache: run it in the background. Returns the number of fixes."""
-        for trash in (self.directory / CORRUPT_DIR).glob("trash-*"):
+        for trash in self.layout.corrupt.glob("trash-*"):
             shutil.rmtree(trash, ignore_errors=True)
         cache = self._cache
         if cache is None:
@@ -231,7 +243,6 @@ class DiskStore:
             log.warning("cache repair failed: %s", error)
             return 0
         self.needs_repair = False
-        self._mark_open()  # check() deletes every file it does not know, the marker included
         if found:
             log.info("cache repair fixed %d problems, e.g. %s", len(found), found[0].message)
         self._refresh_volume(cache)

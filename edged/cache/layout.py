@@ -1,0 +1,80 @@
+"""The cache directory: what the disk tier keeps in it, and the lock that gives it to one process.
+
+    <directory>/       the configured directory: created (mode 0700) if missing, else left as it is
+        audio/         diskcache's own directory (database and value files). A repair deletes every
+                       file in it that diskcache does not know, so nothing else may live there.
+        audio.lock     flock'ed while a process has the tier open
+        audio.open     present while the tier is open: found at open, the last run did not close
+        corrupt/       corrupted databases moved aside, and value files waiting to be deleted
+
+The configured directory may be shared (a misconfigured "/tmp", or "/var/cache"): nothing outside
+these names is ever changed, and an `audio/` that holds files diskcache would not have written is
+refused rather than repaired.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import faults
+
+DBNAME = "cache.db"
+
+
+class CacheDirectoryError(OSError):
+    """The directory cannot be used: another process has it, or it holds files that are not ours.
+    An OSError, so that the tier handles it as any unusable directory (memory-only, logged)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    directory: Path
+
+    @property
+    def store(self) -> Path:
+        return self.directory / "audio"
+
+    @property
+    def lock(self) -> Path:
+        return self.directory / "audio.lock"
+
+    @property
+    def marker(self) -> Path:
+        return self.directory / "audio.open"
+
+    @property
+    def corrupt(self) -> Path:
+        return self.directory / "corrupt"
+
+    def claim(self) -> int:
+        """Take the directory for this process: returns the descriptor that holds its lock (closing
+        it releases the lock; so does the process's death). Creates what is missing."""
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise CacheDirectoryError(f"{self.directory} is in use by another edged process") from None
+            if self.store.is_dir() and (strangers := _strangers(self.store)):
+                raise CacheDirectoryError(f"{self.store} holds files that are not the cache's "
+                                          f"(e.g. {strangers[0]}); not using it")
+            faults.private_dir(self.store)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+
+def _strangers(store: Path) -> list[str]:
+    """Names in `store` that diskcache does not make: its database (and WAL files) and value
+    directories named by two hex digits."""
+    return [entry.name for entry in store.iterdir()
+            if not (entry.name.startswith(DBNAME) or (entry.is_dir() and is_value_dir(entry.name)))]
+
+
+def is_value_dir(name: str) -> bool:
+    return len(name) == 2 and all(c in "0123456789abcdef" for c in name)
