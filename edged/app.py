@@ -172,7 +172,7 @@ class App:
         started = time.perf_counter()
         body = synthesize_body(await self._json(scope, receive), self.settings.limits.max_text_chars)
         info = self.daemon.registry.info(body.voice or self.settings.voices.default)
-        request = SynthesisRequest(body.text, info.voice_id, info.version, info.sample_rate,
+        request = SynthesisRequest(body.text, info.voice_id, info.version, info.precision, info.sample_rate,
                                    body.speed, body.format)
         await self._stream_audio(receive, send, request, "/v1/synthesize", started, body.tag)
 
@@ -181,7 +181,7 @@ class App:
         started = time.perf_counter()
         body = speech_body(await self._json(scope, receive), self.settings.limits.max_text_chars)
         info = self.daemon.registry.info(self._openai_voice(body.voice))
-        request = SynthesisRequest(body.input, info.voice_id, info.version, info.sample_rate,
+        request = SynthesisRequest(body.input, info.voice_id, info.version, info.precision, info.sample_rate,
                                    body.speed, body.response_format)
         await self._stream_audio(receive, send, request, "/v1/audio/speech", started)
 

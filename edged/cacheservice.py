@@ -147,7 +147,8 @@ class CacheService:
     async def _warm_one(self, phrase: Phrase) -> None:
         assert self.cache is not None
         info = self.registry.info(phrase.voice or self.default_voice)
-        request = SynthesisRequest(phrase.text, info.voice_id, info.version, info.sample_rate, 1.0, "pcm")
+        request = SynthesisRequest(phrase.text, info.voice_id, info.version, info.precision, info.sample_rate,
+                                   1.0, "pcm")
         key, background = _key(request), Background()
 
         async def in_background() -> AsyncIterator[bytes]:
@@ -181,4 +182,5 @@ class CacheService:
 def _key(request: SynthesisRequest) -> CacheKey:
     from .cache import CacheKey
 
-    return CacheKey.make(request.text, request.voice_id, request.voice_version, request.speed, CACHED_FORMAT)
+    return CacheKey.make(request.text, request.voice_id, request.voice_version, request.speed, CACHED_FORMAT,
+                         request.precision)

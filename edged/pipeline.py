@@ -42,6 +42,8 @@ class SynthesisRequest:
     text: str
     voice_id: str
     voice_version: str
+    precision: str
+    """fp32 or int8, as the voice is loaded: it changes the audio."""
     sample_rate: int
     """Hz, of the voice; written into the WAV header."""
     speed: float = 1.0

@@ -34,6 +34,8 @@ _VOICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 class VoiceInfo:
     voice_id: str
     version: str
+    precision: str
+    """fp32 or int8: the configured precision, else the bundle's measured default."""
     sample_rate: int
     """Hz."""
     bundle_dir: Path
@@ -62,7 +64,8 @@ class VoiceRegistry:
         if bundle is None:
             raise UnknownVoice(f"unknown voice {voice_id!r}: no bundle with that id is installed")
         manifest = read_manifest(bundle)
-        info = VoiceInfo(voice_id, manifest.version, manifest.sample_rate, bundle)
+        info = VoiceInfo(voice_id, manifest.version, self.settings.precision or manifest.default_precision,
+                         manifest.sample_rate, bundle)
         self._infos[voice_id] = info
         return info
 
@@ -133,8 +136,7 @@ class VoiceRegistry:
     def _load(self, info: VoiceInfo) -> Voice:
         from .engine import EngineSettings, Voice
 
-        precision = self.settings.precision or None
-        voice = Voice.load(info.bundle_dir, EngineSettings(precision=precision,  # type: ignore[arg-type]
+        voice = Voice.load(info.bundle_dir, EngineSettings(precision=info.precision,  # type: ignore[arg-type]
                                                            verify=self.settings.verify))
         if self.settings.probe_text:
             # The first window of a probe phrase runs espeak-ng and both graphs: the voice can

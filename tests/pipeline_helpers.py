@@ -17,4 +17,4 @@ class Loaded:
 
 
 def request_for(voice: Voice, text: str) -> SynthesisRequest:
-    return SynthesisRequest(text, voice.voice_id, voice.manifest.version, voice.sample_rate)
+    return SynthesisRequest(text, voice.voice_id, voice.manifest.version, voice.precision, voice.sample_rate)

@@ -59,9 +59,10 @@ def test_every_field_changes_the_digest() -> None:
         CacheKey.make("Hello.", "en_US-joe-medium", "1.0.1", 1.0, "pcm"),
         CacheKey.make("Hello.", "en_US-joe-medium", "1.0.0", 1.25, "pcm"),
         CacheKey.make("Hello.", "en_US-joe-medium", "1.0.0", 1.0, "wav"),
+        CacheKey.make("Hello.", "en_US-joe-medium", "1.0.0", 1.0, "pcm", "fp32"),
     ]
     digests = {base.digest} | {k.digest for k in others}
-    assert len(digests) == 6
+    assert len(digests) == 7
     assert all(len(d) == 64 and int(d, 16) >= 0 for d in digests)
 
 

@@ -176,6 +176,17 @@ def test_hit_after_kill_9_and_restart_needs_no_voice(tmp_path: Path, bundle_dir:
         assert miss.status == 503 and miss.json()["error"]["code"] == "not_ready"
 
 
+def test_the_same_voice_at_another_precision_is_not_served_from_the_cache(tmp_path: Path, bundle_dir: Path) -> None:
+    text = "Cached at one precision."
+    with Daemon(tmp_path / "d", '[voices]\nprecision = "int8"\n') as first:
+        int8 = _synth(first, text)
+        assert _flushed(first)["disk_entries"] >= 1
+    with Daemon(tmp_path / "d", '[voices]\nprecision = "fp32"\n') as second:
+        fp32 = _synth(second, text)
+        assert fp32.headers["x-edged-cache"] == "miss" and fp32.body != int8.body
+        assert _synth(second, text).headers["x-edged-cache"] == "hit"
+
+
 def test_configured_warm_file_is_warmed_at_start(tmp_path: Path, bundle_dir: Path) -> None:
     phrases = tmp_path / "phrases.txt"
     phrases.write_text("Warmed at start.\nAlso warmed at start.\n", encoding="utf-8")
