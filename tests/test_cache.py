@@ -78,6 +78,23 @@ def test_identical_concurrent_requests_synthesize_once(tmp_path: Path) -> None:
     run(scenario())
 
 
+def test_requests_with_other_tags_join_one_synthesis(tmp_path: Path) -> None:
+    # An invalidated tag (generation 1) once made tagged and untagged requests replace each
+    # other's flight: three syntheses for one key.
+    async def scenario() -> None:
+        cache = await AudioCache.open(settings(tmp_path))
+        await cache.invalidate_tag("prompts")
+        producer = Producer(chunks=6)
+        results = await asyncio.gather(fetch(cache, producer), fetch(cache, producer, tag="prompts"),
+                                       fetch(cache, producer), fetch(cache, producer, tag="other"))
+        assert producer.calls == 1
+        assert sorted(status for status, _ in results) == ["joined"] * 3 + ["miss"]
+        assert all(audio == producer.whole for _, audio in results)
+        await cache.close()
+
+    run(scenario())
+
+
 def test_joiners_stream_audio_before_synthesis_completes(tmp_path: Path) -> None:
     async def scenario() -> None:
         cache = await AudioCache.open(settings(tmp_path))

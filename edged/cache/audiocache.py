@@ -156,11 +156,14 @@ class AudioCache:
             self._drop(digest)
         self._counters.memory_misses += 1
 
-        snapshot = self._generations.snapshot(key.voice, key.version, tag)
         flight = self._flights.get(digest)
-        creator = flight is None or not flight.joinable or flight.generations != snapshot
+        # As for a hit: a flight may be joined while nothing it will be stored under (its creator's
+        # tag among them) has been invalidated since it began, whatever the joining request's tag.
+        creator = flight is None or not flight.joinable or flight.generations != self._generations.snapshot(
+            key.voice, key.version, flight.tag)
         if creator:
-            flight = Flight(self.settings.max_entry_bytes, self._abandon, snapshot)
+            flight = Flight(self.settings.max_entry_bytes, self._abandon,
+                            self._generations.snapshot(key.voice, key.version, tag), tag)
             self._flights[digest] = flight
             stream = flight.join()
             flight.task = asyncio.get_running_loop().create_task(

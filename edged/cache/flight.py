@@ -28,10 +28,12 @@ def chunks_of(audio: bytes, size: int) -> list[bytes]:
 
 class Flight:
     def __init__(self, max_bytes: int, on_abandon: Callable[[Flight], None],
-                 generations: tuple[int, int, int, int] = (0, 0, 0, 0)) -> None:
+                 generations: tuple[int, int, int, int] = (0, 0, 0, 0), tag: str | None = None) -> None:
         self.max_bytes = max_bytes
         self.generations = generations
         """Invalidation generations when the flight began (see generations.py)."""
+        self.tag = tag
+        """Request tag of the flight's creator: its entry is stored under it."""
         self.chunks: list[bytes] = []
         self.base = 0
         """Index, in the whole chunk sequence, of chunks[0] (chunks are trimmed once uncacheable)."""
