@@ -104,6 +104,10 @@ class App:
             status = 499  # nginx's "client closed request", for the metrics only
         except EdgedError as error:
             await send_error(tracked_send, error, self.settings.server.retry_after_s)
+        except asyncio.CancelledError:  # the drain timeout ran out: the daemon is stopping
+            if not started:
+                await send_error(tracked_send, NotReady("the daemon is stopping"), self.settings.server.retry_after_s)
+            raise
         except Exception:  # a bug: the client still gets the contract's shape, the log the trace
             log.exception("%s %s failed", scope["method"], path[:200])
             if not started:
@@ -235,7 +239,9 @@ class App:
                 await send_error(send, error, self.settings.server.retry_after_s)
                 return
             if request.format == "wav":  # with the first audio: a client's first bytes hold sound
-                first = wav_header(request.sample_rate) + first
+                # A cache hit knows its length; a synthesis gets the streaming header.
+                size = getattr(chunks, "known_size", None)
+                first = wav_header(request.sample_rate, *([] if size is None else [size])) + first
             headers = [
                 (b"content-type", CONTENT_TYPES[request.format]),
                 (b"x-edged-sample-rate", str(request.sample_rate).encode()),

@@ -86,10 +86,13 @@ def peer_credentials(transport: asyncio.BaseTransport) -> tuple[int, int, int] |
 
 
 class _IntendedCutOff(logging.Filter):
-    """The app ends a stream whose client stopped reading by returning early; uvicorn then closes
-    the connection (what we want) and logs it as an error, which here it is not."""
+    """Requests the daemon ends on purpose, which uvicorn would log as errors: a stream whose
+    client stopped reading (the app returns early, uvicorn closes the connection), and a request
+    cancelled when the drain timeout ran out (HttpServer.drain logs that itself)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError):
+            return False
         return record.getMessage() != "ASGI callable returned without completing response."
 
 

@@ -48,6 +48,7 @@ class VoiceRegistry:
         self._infos: dict[str, VoiceInfo] = {}
         self._loads: dict[str, concurrent.futures.Future[Voice]] = {}
         self._lock = threading.Lock()
+        self._closing = False
         # Two loader threads: loads overlap (sha256 and onnxruntime release the GIL) on 2 cores.
         # onnxruntime's pool threads, started while a session is made, inherit the loader's priority.
         self._loader = concurrent.futures.ThreadPoolExecutor(
@@ -76,7 +77,7 @@ class VoiceRegistry:
             future = self._loads.get(voice_id)
             if future is None or (future.done() and future.exception() is not None):
                 future = self._loader.submit(self._load, info)
-                future.add_done_callback(_log_failure)
+                future.add_done_callback(self._log_failure)
                 self._loads[voice_id] = future
             return future
 
@@ -131,7 +132,16 @@ class VoiceRegistry:
         return voices
 
     def close(self) -> None:
+        self._closing = True
         self._loader.shutdown(wait=False, cancel_futures=True)
+
+    def _log_failure(self, future: concurrent.futures.Future[Voice]) -> None:
+        if future.cancelled() or future.exception() is None:
+            return
+        if self._closing:  # a load cut short by the daemon's exit (its pools are shut down)
+            log.info("voice load stopped at exit: %s", future.exception())
+        else:
+            log.error("voice failed to load: %s", future.exception())
 
     def _load(self, info: VoiceInfo) -> Voice:
         from .engine import EngineSettings, Voice
@@ -149,8 +159,3 @@ class VoiceRegistry:
 def _retrieve(future: asyncio.Future[Voice]) -> None:
     if not future.cancelled():
         future.exception()
-
-
-def _log_failure(future: concurrent.futures.Future[Voice]) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        log.error("voice failed to load: %s", future.exception())

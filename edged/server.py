@@ -38,6 +38,8 @@ BACKLOG = 128
 M_ARENA_MAX = -8
 """glibc's mallopt parameter number (malloc.h)."""
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+MAX_SOCKET_PATH = 107
+"""Bytes of a Unix socket's path (sun_path is 108, with the terminating NUL)."""
 
 
 @dataclass
@@ -61,6 +63,7 @@ def serve(config_file: Path | None = None, socket_path: Path | None = None) -> i
     # A SIGTERM before the event loop runs must still mean "stop cleanly", not death by signal.
     early_stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: early_stop.set()) for sig in STOP_SIGNALS}
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as once running, see _run
     try:
         return _serve(config_file, socket_path, early_stop)
     finally:
@@ -93,6 +96,9 @@ def open_listener(settings: Settings) -> Listener:
         if fds:
             return Listener(socket.socket(fileno=fds[0]), None)
     path = socket_path(settings)
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        raise ConfigError(f"socket path {path} is too long: a Unix socket path has at most "
+                          f"{MAX_SOCKET_PATH} bytes")
     try:
         path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         lock = open(path.with_name(path.name + ".lock"), "a", encoding="ascii")  # noqa: SIM115 (held for life)

@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -56,6 +57,9 @@ def test_second_identical_request_is_a_byte_identical_hit(cached: Daemon) -> Non
     wav = cached.request("POST", "/v1/synthesize", {"text": "A phrase for the cache test."})
     assert wav.headers["x-edged-cache"] == "hit"  # wav and pcm share the entry: the header is added on the way out
     assert wav.body[:4] == b"RIFF" and wav.body[44:] == first.body
+    riff_size, = struct.unpack("<I", wav.body[4:8])
+    data_size, = struct.unpack("<I", wav.body[40:44])  # a hit knows its length: no streaming header
+    assert data_size == len(first.body) and riff_size == 36 + len(first.body)
     slower = _synth(cached, "A phrase for the cache test.", speed=0.8)
     assert slower.headers["x-edged-cache"] == "miss"  # the speed is part of the key
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from daemon_harness import (
+    LONG_TEXT,
     MEDIUM,
     OTHER_VOICE,
     REPO,
@@ -122,6 +123,40 @@ def test_sigterm_finishes_inflight_requests_and_exits_0(tmp_path: Path, bundle_d
     assert len(replies[0].body) / 2 / 22050 > 10
     assert not daemon.socket.exists()
     assert "DRAINING" in daemon.log_text()
+
+
+def test_requests_left_at_the_drain_timeout_are_cancelled_without_error_logs(tmp_path: Path, bundle_dir: Path) -> None:
+    daemon = Daemon(tmp_path, "[server]\ndrain_timeout_s = 0.3\n").start()
+    daemon.wait_state("READY")
+    replies: list[Reply | BaseException] = []
+
+    def long_request() -> None:
+        try:
+            replies.append(daemon.request("POST", "/v1/synthesize", {"text": LONG_TEXT, "format": "pcm"}))
+        except Exception as exc:  # noqa: BLE001 (the cut-off stream is the expected outcome)
+            replies.append(exc)
+
+    worker = threading.Thread(target=long_request)
+    worker.start()
+    wait_for(lambda: daemon.status()["admission"]["active"] == 1)
+    assert daemon.stop() == 0
+    worker.join(30)
+    # Stopped before its first audio: a JSON 503; after: its stream is cut off (never complete).
+    (reply,) = replies
+    if isinstance(reply, Reply):
+        assert reply.status == 503 and reply.json()["error"]["code"] == "not_ready", reply
+    log_text = daemon.log_text()
+    assert "cancelling 1 request(s)" in log_text
+    assert "ERROR" not in log_text and "Traceback" not in log_text, log_text
+
+
+def test_socket_path_too_long_is_a_clear_error(tmp_path: Path, bundle_dir: Path) -> None:
+    daemon = Daemon(tmp_path)
+    daemon.socket = tmp_path / ("d" * 120) / "edged.sock"
+    daemon.start()
+    assert daemon.proc is not None and daemon.proc.wait(60) == 2
+    assert "is too long" in daemon.log_text() and "Traceback" not in daemon.log_text()
+    assert not daemon.socket.parent.exists()
 
 
 def test_socket_directory_is_created(tmp_path: Path, bundle_dir: Path) -> None:

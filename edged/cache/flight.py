@@ -167,6 +167,12 @@ class AudioStream(AsyncIterator[bytes]):
             await flight._more.wait()
         raise StopAsyncIteration
 
+    @property
+    def known_size(self) -> int | None:
+        """Bytes of the whole audio once the flight has all of it (always, for a hit)."""
+        flight = self._flight
+        return flight.size if flight is not None and flight.done and flight.error is None else None
+
     async def read_all(self) -> bytes:
         return b"".join([chunk async for chunk in self])
 
