@@ -8,6 +8,7 @@ import logging
 import os
 import pickle
 import sqlite3
+import struct
 import subprocess
 from pathlib import Path
 
@@ -380,3 +381,15 @@ def test_second_process_on_one_cache_directory_stays_memory_only(tmp_path: Path,
     second.retry_open()  # the directory is free again
     assert second.state == "ok" and second.count == 1 and not second.needs_repair
     second.close()
+
+
+def test_a_record_with_a_deeply_nested_header_is_dropped_not_raised(tmp_path: Path) -> None:
+    store = DiskStore.open(CacheSettings(directory=tmp_path / "cache"), Generations())
+    entry = _put(store, "hello")
+    header = b"[" * 20_000 + b"]" * 20_000  # json.loads raises RecursionError on it
+    tampered = struct.pack("<4sBI", b"EDGA", 1, len(header)) + header + entry.audio
+    assert store._cache is not None
+    store._cache.set(entry.meta.key, tampered)
+    assert store.get(entry.meta.key) is None
+    assert store.stats.corrupt_dropped == 1 and store.count == 0
+    store.close()

@@ -78,8 +78,8 @@ def decode(record: bytes, expected_key: str) -> CachedAudio:
         fields = json.loads(record[_PREFIX.size : start])
         fields["generations"] = tuple(int(g) for g in fields["generations"])
         meta = EntryMeta(**fields)
-    except (ValueError, TypeError, KeyError) as error:
-        raise CorruptEntry(f"bad record header: {error}") from None
+    except (ValueError, TypeError, KeyError, RecursionError) as error:  # RecursionError: nested JSON
+        raise CorruptEntry(f"bad record header: {type(error).__name__}") from None
     audio = record[start:]
     if meta.key != expected_key or len(meta.generations) != 4:
         raise CorruptEntry("record belongs to another key")
