@@ -9,6 +9,7 @@ file is packaging/edged.toml; tests check that it matches these defaults.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -229,7 +230,9 @@ def build(cls: type, data: Any, where: str, base: Any = None) -> Any:
 def _value(hint: Any, value: Any, where: str, current: Any) -> Any:
     if typing.get_origin(hint) in (typing.Union, types.UnionType):  # "X | None": TOML has no null
         inner = next(h for h in typing.get_args(hint) if h is not type(None))
-        if value is None or (value in ("", 0) and type(value) is not bool):
+        # None is written "" for a path or text, 0 for a number.
+        empty = "" if inner in (str, Path) else 0
+        if value is None or (value == empty and type(value) is not bool):
             return None
         hint = inner
     if hint is Path and isinstance(value, (str, Path)):
@@ -245,6 +248,8 @@ def _value(hint: Any, value: Any, where: str, current: Any) -> Any:
         if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
             raise ConfigError(f"{where} must be a table of strings")
         return dict(value)
+    if hint is float and isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where} must be a finite number, not {value!r}")
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if hint in (int, str, bool, float) and type(value) is hint:
@@ -270,6 +275,8 @@ def check(settings: Settings) -> None:
                     raise ConfigError(f"{path} must be >= 0")
             elif value <= 0:
                 raise ConfigError(f"{path} must be > 0")
+    if not 0 <= settings.server.socket_mode <= 0o777:
+        raise ConfigError("server.socket_mode must be a file mode between 0o000 and 0o777")
     if settings.voices.precision not in ("", "fp32", "int8"):
         raise ConfigError("voices.precision must be fp32, int8 or empty")
     if settings.limits.max_body_bytes < settings.limits.max_text_chars:

@@ -41,6 +41,13 @@ def test_partial_tables_keep_other_defaults(tmp_path: Path) -> None:
     ("pipeline = 3\n", "[pipeline] must be a table"),
     ("[pipeline]\ncompute_nice = 20\n", "pipeline.compute_nice must be between 0 and 19"),
     ("[pipeline]\nqueue_size = -1\n", "pipeline.queue_size must be >= 0"),
+    ("[server]\ndrain_timeout_s = nan\n", "server.drain_timeout_s must be a finite number"),
+    ("[cache]\nttl_seconds = inf\n", "cache.ttl_seconds must be a finite number"),
+    ("[server]\nsocket_mode = 0o7777\n", "server.socket_mode must be a file mode"),
+    ("[cache]\nwrite_retry_seconds = -1\n", "[cache] write_retry_seconds must be >= 0"),
+    ("[cache]\nchunk_bytes = 0\n", "[cache] chunk_bytes must be > 0"),
+    ("[cache]\ndirectory = 0\n", "cache.directory must be Path"),
+    ("[cache]\nttl_seconds = \"\"\n", "cache.ttl_seconds must be float"),
 ])
 def test_bad_config_is_refused_with_the_setting_named(tmp_path: Path, text: str, message: str) -> None:
     config = tmp_path / "edged.toml"
@@ -74,3 +81,12 @@ def test_override_by_dotted_name() -> None:
     assert settings.pipeline.output.timeout_s == 1.5
     with pytest.raises(ConfigError, match="unknown setting"):
         override(Settings(), "pipeline.nothing", 1)
+
+
+def test_empty_optional_settings_mean_none_and_a_cache_directory_may_start_with_a_tilde(tmp_path: Path) -> None:
+    config = tmp_path / "edged.toml"
+    config.write_text('[cache]\nttl_seconds = 0\ndirectory = ""\n')
+    settings = load_settings(config, env={})
+    assert settings.cache.ttl_seconds is None and settings.cache.directory is None
+    config.write_text('[cache]\ndirectory = "~/audio-cache"\n')
+    assert load_settings(config, env={}).cache.resolved_directory() == Path.home() / "audio-cache"

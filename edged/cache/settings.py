@@ -49,16 +49,19 @@ class CacheSettings:
     """SQLite busy timeout of the disk tier."""
 
     def __post_init__(self) -> None:
-        for name in ("memory_bytes", "disk_bytes", "max_entry_bytes", "chunk_bytes", "write_queue_bytes"):
-            if getattr(self, name) < 0 or (name == "chunk_bytes" and self.chunk_bytes == 0):
-                raise ValueError(f"cache {name} must be positive")
+        if self.chunk_bytes <= 0:
+            raise ValueError("chunk_bytes must be > 0")
+        for name in ("memory_bytes", "disk_bytes", "max_entry_bytes", "write_queue_bytes",
+                     "touch_interval_seconds", "write_retry_seconds", "disk_timeout_seconds"):
+            if not getattr(self, name) >= 0:  # also refuses NaN
+                raise ValueError(f"{name} must be >= 0")
         if not 0.0 <= self.ttl_jitter < 1.0:
-            raise ValueError("cache ttl_jitter must be in [0, 1)")
-        if self.ttl_seconds is not None and self.ttl_seconds < 0:
-            raise ValueError("cache ttl_seconds must be >= 0 (0 or None: no expiry)")
+            raise ValueError("ttl_jitter must be in [0, 1)")
+        if self.ttl_seconds is not None and not self.ttl_seconds >= 0:
+            raise ValueError("ttl_seconds must be >= 0 (0 or None: no expiry)")
 
     def resolved_directory(self) -> Path:
-        return Path(self.directory) if self.directory is not None else default_directory()
+        return Path(self.directory).expanduser() if self.directory is not None else default_directory()
 
 
 def default_directory(environ: dict[str, str] | None = None) -> Path:
