@@ -14,7 +14,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
-from urllib.parse import parse_qs
 
 from .admin import require_admin
 from .asgi import (
@@ -39,12 +38,23 @@ from .errors import (
     StageTimeout,
     UnknownVoice,
 )
-from .messages import cache_scope, parse_json, speech_body, synthesize_body, warm_body
+from .messages import (
+    cache_scope,
+    parse_json,
+    parse_query,
+    speech_body,
+    synthesize_body,
+    warm_body,
+)
 from .metrics import Metrics
 from .pipeline import SynthesisRequest
 from .wav import wav_header
 
 log = logging.getLogger(__name__)
+
+MONITORING = frozenset({"/v1/health", "/v1/status", "/metrics"})
+"""Cheap routes answered even past the connection limit: a box full of clients (or of idle
+connections) must still tell its supervisor how it is doing."""
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 CONTENT_TYPES = {"wav": b"audio/wav", "pcm": b"application/octet-stream"}
@@ -88,7 +98,7 @@ class App:
             await send(message)
 
         try:
-            if self.over_limit():
+            if self.over_limit() and path not in MONITORING:
                 raise Busy(f"too many connections (limit {self.settings.server.max_connections})")
             methods = self.routes.get(path)
             if methods is None:
@@ -143,7 +153,7 @@ class App:
         require_admin(scope.get("edged.peer"), self.settings.server.admin_group)
         limits, server = self.settings.limits, self.settings.server
         raw = await read_body(scope, receive, limits.max_body_bytes, server.body_timeout_s)
-        query = {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True).items()}
+        query = parse_query(scope.get("query_string", b""))
         target = cache_scope({**query, **(parse_json(raw) if raw.strip() else {})})
         service = self._cache_service()
         dropped = await service.invalidate(target.voice, target.version, target.tag)

@@ -75,10 +75,17 @@ async def send_json(send: Send, status: int, data: Any, headers: Iterable[tuple[
     await send({"type": "http.response.body", "body": body})
 
 
+def error_json(error: EdgedError) -> dict[str, Any]:
+    """The contract's error shape."""
+    return {"error": {"code": error.code, "message": str(error)}}
+
+
 async def send_error(send: Send, error: EdgedError, retry_after_s: int,
                      headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
     """The contract's error shape: {"error": {"code", "message"}}; 503s say when to retry."""
     extra = list(headers)
     if error.http_status == 503:
         extra.append((b"retry-after", str(retry_after_s).encode()))
-    await send_json(send, error.http_status, {"error": {"code": error.code, "message": str(error)}}, extra)
+    if error.closes_connection:  # uvicorn then closes the connection after the response
+        extra.append((b"connection", b"close"))
+    await send_json(send, error.http_status, error_json(error), extra)

@@ -63,6 +63,9 @@ class LimitSettings:
     """Longer text is refused with 413."""
     max_body_bytes: int = 1_048_576
     """Request bodies over this are refused with 413 (room for max_text_chars of escaped JSON)."""
+    max_header_bytes: int = 16_384
+    """A request line and headers over this are refused with 431 and the connection closed
+    (the HTTP parser itself has no limit)."""
 
 
 @dataclass

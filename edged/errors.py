@@ -6,6 +6,8 @@ class EdgedError(Exception):
 
     code = "internal"
     http_status = 500
+    closes_connection = False
+    """The request was not read to its end: the connection cannot carry another one."""
 
 
 class BadInput(EdgedError):
@@ -76,6 +78,7 @@ class RequestTimeout(EdgedError):
 
     code = "request_timeout"
     http_status = 408
+    closes_connection = True
 
 
 class BodyTooLarge(EdgedError):
@@ -83,6 +86,14 @@ class BodyTooLarge(EdgedError):
 
     code = "body_too_large"
     http_status = 413
+
+
+class HeadersTooLarge(EdgedError):
+    """The request line and headers are over the configured byte limit."""
+
+    code = "headers_too_large"
+    http_status = 431
+    closes_connection = True
 
 
 class ConfigError(EdgedError):

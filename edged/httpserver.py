@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import socket
 import struct
+from http import HTTPStatus
 from typing import Any
 
 from uvicorn.config import Config
@@ -20,27 +22,49 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from .app import App
+from .asgi import error_json
 from .daemon import Daemon
+from .errors import BadInput, EdgedError, HeadersTooLarge
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
 
 
 class EdgedProtocol(HttpToolsProtocol):
-    """uvicorn's protocol plus a deadline for request headers, which uvicorn does not have: a
-    client that connects and trickles (or never sends) its headers is closed after
-    `header_timeout_s`, so it holds a connection for a bounded time only. It never blocks other
-    clients either way: each connection is served independently by the event loop."""
+    """uvicorn's protocol plus what it lacks for untrusted clients:
+    - a deadline for request headers: a client that connects and trickles (or never sends) its
+      headers is closed after `header_timeout_s`, so it holds a connection for a bounded time;
+    - a cap on the bytes of a request line and headers (httptools buffers them without limit):
+      past `max_header_bytes`, a JSON 431 and the connection closed;
+    - the contract's JSON error for a request the parser rejects, instead of plain text.
+    No client blocks another either way: each connection is served independently by the loop."""
 
-    def __init__(self, *args: Any, header_timeout_s: float, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, header_timeout_s: float, max_header_bytes: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.header_timeout_s = header_timeout_s
+        self.max_header_bytes = max_header_bytes
         self._header_timer: asyncio.TimerHandle | None = None
+        self._reading_headers = True
+        self._header_bytes = 0
+        """Bytes received while this request's headers are incomplete (counted per read: the cap
+        is passed by at most one read)."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.peer = peer_credentials(transport)
         self._arm_header_timer()
+
+    def data_received(self, data: bytes) -> None:
+        if self._reading_headers:
+            self._header_bytes += len(data)
+        super().data_received(data)
+        # Checked after parsing: a read that completes the headers may also hold a large body.
+        if self._reading_headers and self._header_bytes > self.max_header_bytes:
+            self._refuse(HeadersTooLarge(f"request line and headers are over the limit of "
+                                         f"{self.max_header_bytes} bytes"))
+
+    def send_400_response(self, msg: str) -> None:
+        self._refuse(BadInput(f"malformed HTTP request: {msg}"))
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -49,7 +73,23 @@ class EdgedProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm_header_timer()
+        self._reading_headers = False
         super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._reading_headers, self._header_bytes = True, 0
+
+    def _refuse(self, error: EdgedError) -> None:
+        """Answer outside the app, as the parser cannot go on, and close."""
+        if self.transport.is_closing():
+            return
+        body = json.dumps(error_json(error)).encode()
+        status = HTTPStatus(error.http_status)
+        self.transport.write(
+            f"HTTP/1.1 {status.value} {status.phrase}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode() + body)
+        self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()
@@ -144,6 +184,7 @@ async def start_http(daemon: Daemon, sock: socket.socket) -> HttpServer:
     config.load()
     logging.getLogger("uvicorn.error").addFilter(_IntendedCutOff())
     factory = functools.partial(EdgedProtocol, config=config, server_state=state, app_state={},
-                                header_timeout_s=settings.header_timeout_s)
+                                header_timeout_s=settings.header_timeout_s,
+                                max_header_bytes=daemon.settings.limits.max_header_bytes)
     server = await asyncio.get_running_loop().create_server(factory, sock=sock)
     return HttpServer(server, state, metrics)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any, Literal, cast
+from urllib.parse import parse_qs
 
 from .errors import BadInput, TextTooLong
 
@@ -42,6 +43,15 @@ class SpeechBody:
     speed: float = 1.0
     response_format: AudioFormat = "wav"
     """OpenAI's default is mp3, which edged does not produce; wav is the default here."""
+
+
+def parse_query(query_string: bytes) -> dict[str, str]:
+    """The last value of each query parameter, which must be percent-encoded UTF-8."""
+    try:
+        pairs = parse_qs(query_string.decode("ascii"), keep_blank_values=True, errors="strict")
+    except UnicodeDecodeError:
+        raise BadInput("the query string is not percent-encoded UTF-8") from None
+    return {name: values[-1] for name, values in pairs.items()}
 
 
 def parse_json(body: bytes) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import struct
@@ -155,8 +156,35 @@ def test_trickling_headers_do_not_block_others_and_are_cut_off(daemon: Daemon) -
 def test_body_that_does_not_arrive_gets_408(daemon: Daemon) -> None:
     with daemon.connect() as sock:
         sock.sendall(post_raw(b'{"text": "hello"}')[:-5])  # headers promise 5 more bytes
-        status, _ = read_head(sock)
-    assert status == 408
+        status, body = read_head(sock)
+        assert status == 408 and json.loads(body)["error"]["code"] == "request_timeout"
+        assert sock.recv(1024) == b""  # the request was never whole: the connection is closed
+
+
+def test_headers_without_end_are_cut_off_at_the_limit(daemon: Daemon) -> None:
+    # httptools buffers headers without limit: 400 MB of them once grew the daemon by 400 MB.
+    with daemon.connect() as sock:
+        sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n")
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # closed while sending
+            for _ in range(64):
+                sock.sendall(b"X-Filler: " + b"a" * 8000 + b"\r\n")
+        status, body = read_head(sock)
+    assert status == 431 and json.loads(body)["error"]["code"] == "headers_too_large"
+    assert daemon.get("/v1/health").status == 200
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"GARBAGE\r\n\r\n",
+    b"GET /v1/health HTTP/1.1\r\nHost x\r\n\r\n",
+    b"POST /v1/synthesize HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+    b"POST /v1/synthesize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+])
+def test_requests_the_parser_rejects_get_a_json_400(daemon: Daemon, request_bytes: bytes) -> None:
+    with daemon.connect() as sock:
+        sock.sendall(request_bytes)
+        status, body = read_head(sock)
+        assert status == 400 and json.loads(body)["error"]["code"] == "bad_request"
+        assert sock.recv(1024) == b""
 
 
 def test_client_disconnect_stops_its_synthesis(daemon: Daemon) -> None:

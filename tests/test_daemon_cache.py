@@ -91,7 +91,8 @@ def test_delete_by_tag_and_by_voice_makes_the_next_request_a_miss(cached: Daemon
     assert bad.status == 400
     # An empty or unusable filter is refused, not read as "everything".
     for bad_request in (("/v1/cache?voice=", None), ("/v1/cache?tag=", None), ("/v1/cache", {"tag": ""}),
-                        ("/v1/cache", '{"voice": "\\ud800"}'), ("/v1/cache", {"version": "v\n1", "voice": voice})):
+                        ("/v1/cache", '{"voice": "\\ud800"}'), ("/v1/cache", {"version": "v\n1", "voice": voice}),
+                        ("/v1/cache?tag=%ff%fe", None)):  # not UTF-8: refused, not mangled into U+FFFD
         bad = cached.request("DELETE", *bad_request)
         assert bad.status == 400 and bad.json()["error"]["code"] == "bad_request", bad_request
     assert _synth(cached, "Untagged one.").headers["x-edged-cache"] == "hit"  # nothing was dropped

@@ -94,12 +94,15 @@ def test_connections_over_the_limit_get_a_json_busy_and_service_resumes(tmp_path
     with Daemon(tmp_path, "[server]\nmax_connections = 2\n") as daemon:
         with contextlib.ExitStack() as closing:
             idle = [closing.enter_context(daemon.connect()) for _ in range(2)]  # connected, silent
-            wait_for(lambda: daemon.request("GET", "/v1/health").status == 503)
-            reply = daemon.request("GET", "/v1/health")
+            wait_for(lambda: daemon.request("GET", "/v1/voices").status == 503)
+            reply = daemon.request("GET", "/v1/voices")
             assert reply.headers["content-type"].startswith("application/json")
             assert reply.json()["error"]["code"] == "busy" and "retry-after" in reply.headers
+            # Its supervisor can still ask how it is doing.
+            assert daemon.request("GET", "/v1/health").status == 200
+            assert daemon.request("GET", "/v1/status").json()["state"] == "READY"
             assert len(idle) == 2
-        wait_for(lambda: daemon.request("GET", "/v1/health").status == 200)  # once they are gone
+        wait_for(lambda: daemon.request("GET", "/v1/voices").status == 200)  # once they are gone
 
 
 def test_sigterm_finishes_inflight_requests_and_exits_0(tmp_path: Path, bundle_dir: Path) -> None:
