@@ -7,50 +7,33 @@ import logging
 import sys
 from pathlib import Path
 
+from .cliio import InputError, OutputError, check_writable, open_output, read_text
 from .errors import BadInput, EdgedError
 
 
 def _synth(args: argparse.Namespace) -> int:
     from .engine import EngineSettings, SynthesisParams, Voice
     from .voices import find_bundle
-    from .wav import wav_header, write_sizes
+    from .wav import wav_header
 
-    if not args.raw and args.output is None:  # before reading stdin or loading the voice
-        raise BadInput("give -o FILE.wav, or --raw for PCM on stdout")
-    text = _read_text(args.text)
+    output = None if args.raw else args.output
+    if not args.raw:  # checked before reading stdin or loading the voice
+        if output is None:
+            raise BadInput("give -o FILE.wav, or --raw for PCM on stdout")
+        check_writable(output)
+    text = read_text(args.text)
     params = SynthesisParams(speed=args.speed)
     settings = EngineSettings(precision=args.precision, fixed_shape=args.fixed_shape)
     voice = Voice.load(find_bundle(args.voice), settings)
     chunks = voice.synthesize(text, params, throughput=not args.raw)  # a WAV file is used whole
-    if args.raw:
-        out = sys.stdout.buffer
+    with open_output(output) as out:
+        if not args.raw:
+            out.write(wav_header(voice.sample_rate))
         for pcm in chunks:
             out.write(pcm)
-            out.flush()
-        return 0
-    # Written beside the target and renamed at the end: a failure leaves no half-written file.
-    partial = args.output.with_name(args.output.name + ".part")
-    try:
-        with open(partial, "wb") as wav:
-            wav.write(wav_header(voice.sample_rate))
-            data_bytes = 0
-            for pcm in chunks:
-                wav.write(pcm)
-                data_bytes += len(pcm)
-            write_sizes(wav, data_bytes)
-        partial.replace(args.output)
-    finally:
-        partial.unlink(missing_ok=True)
+        if not args.raw:
+            out.finish_wav()
     return 0
-
-
-def _read_text(arg: str) -> str:
-    if arg != "-":
-        return arg
-    try:
-        return sys.stdin.buffer.read().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BadInput(f"stdin is not valid UTF-8 (byte {exc.start})") from None
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -93,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(["serve", *(argv if argv is not None else sys.argv[1:])])
     try:
         return int(args.run(args))
-    except EdgedError as exc:
+    except (EdgedError, InputError, OutputError) as exc:
         print(f"edged: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:

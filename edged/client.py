@@ -20,10 +20,10 @@ import sys
 import time
 import urllib.parse
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
+from .cliio import InputError, OutputError, check_writable, open_output, read_text
 from .config import default_socket_path
-from .wav import write_sizes
 
 CHUNK = 64 * 1024
 WARM_POLL_S = 0.25
@@ -31,6 +31,10 @@ WARM_POLL_S = 0.25
 
 class DaemonUnreachable(Exception):
     """No daemon answers on the socket; the message says why and what to do."""
+
+
+class UnexpectedAnswer(Exception):
+    """The daemon's answer is not what this edgectl knows (another version?)."""
 
 
 class DaemonError(Exception):
@@ -76,7 +80,10 @@ def request(path: Path, method: str, url: str, body: Any = None) -> http.client.
     data = None if body is None else json.dumps(body).encode("utf-8")
     headers = {"Content-Type": "application/json"} if data is not None else {}
     try:
-        connection.request(method, url, body=data, headers=headers)
+        try:
+            connection.request(method, url, body=data, headers=headers)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the daemon may have refused the request early (413) and closed: read its answer
         response = connection.getresponse()
     except (http.client.HTTPException, ConnectionError, TimeoutError) as exc:
         raise DaemonUnreachable(f"edged at {path} did not answer: {exc or type(exc).__name__}") from None
@@ -90,39 +97,33 @@ def request(path: Path, method: str, url: str, body: Any = None) -> http.client.
     return response
 
 
-def get_json(path: Path, url: str) -> Any:
-    return json.loads(request(path, "GET", url).read())
+def get_json(path: Path, url: str, method: str = "GET") -> Any:
+    raw = request(path, method, url).read()
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise UnexpectedAnswer(f"{url} did not answer JSON: {raw[:200]!r}") from None
 
 
 # -- commands -----------------------------------------------------------------------------------
 
 def _synth(args: argparse.Namespace) -> int:
-    text = sys.stdin.read() if args.text == "-" else args.text
-    body: dict[str, Any] = {"text": text, "format": args.format, "speed": args.speed}
-    if args.voice:
-        body["voice"] = args.voice
-    if args.output is None and sys.stdout.isatty():
+    if args.output is None and sys.stdout is not None and sys.stdout.isatty():
         print("edgectl: not writing audio to a terminal; give -o FILE or redirect stdout", file=sys.stderr)
         return 2
+    if args.output is not None:
+        check_writable(args.output)  # before the daemon does the work
+    body: dict[str, Any] = {"text": read_text(args.text), "format": args.format, "speed": args.speed}
+    if args.voice is not None:
+        body["voice"] = args.voice
     response = request(args.socket, "POST", "/v1/synthesize", body)
-    if args.output is None:
-        _copy(response, sys.stdout.buffer)
-        return 0
-    with open(args.output, "wb") as out:
-        size = _copy(response, out)
-        if args.format == "wav" and size >= 44:
-            write_sizes(out, size - 44)
+    with open_output(args.output) as out:
+        # Copied as it arrives, so that a player reading standard output starts at once.
+        while chunk := response.read1(CHUNK):
+            out.write(chunk)
+        if args.format == "wav":
+            out.finish_wav()
     return 0
-
-
-def _copy(response: http.client.HTTPResponse, out: BinaryIO) -> int:
-    """Copy audio as it arrives (so a player on stdout starts at once); returns the byte count."""
-    size = 0
-    while chunk := response.read1(CHUNK):
-        out.write(chunk)
-        out.flush()
-        size += len(chunk)
-    return size
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -175,9 +176,10 @@ def _voice_line(voice: dict[str, Any]) -> str:
 
 
 def _cache_clear(args: argparse.Namespace) -> int:
-    scope = {k: v for k, v in (("voice", args.voice), ("version", args.version), ("tag", args.tag)) if v}
+    scope = {k: v for k, v in (("voice", args.voice), ("version", args.version), ("tag", args.tag))
+             if v is not None}
     url = "/v1/cache" + (f"?{urllib.parse.urlencode(scope)}" if scope else "")
-    result = json.loads(request(args.socket, "DELETE", url).read())
+    result = get_json(args.socket, url, "DELETE")
     what = ", ".join(f"{k} {v}" for k, v in scope.items()) or "everything"
     print(f"cleared {what}: {result['memory_dropped']} in memory, {result['disk_dropped']} on disk"
           + ("" if result.get("persisted", True) else " (not persisted: holds until restart)"))
@@ -256,10 +258,16 @@ def main(argv: list[str] | None = None) -> int:
     except DaemonError as exc:
         print(f"edgectl: {exc}", file=sys.stderr)
         return 1
-    except http.client.HTTPException as exc:  # e.g. IncompleteRead: the stream broke off
+    except (InputError, OutputError) as exc:
+        print(f"edgectl: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # whoever read our standard output went away
+        return 0
+    except (http.client.HTTPException, ConnectionError, TimeoutError) as exc:  # e.g. IncompleteRead
         print(f"edgectl: the daemon's answer broke off: {exc!r}", file=sys.stderr)
         return 1
-    except BrokenPipeError:
-        return 0
+    except (UnexpectedAnswer, KeyError, TypeError) as exc:  # another edged version, or not edged
+        print(f"edgectl: unexpected answer from the daemon: {exc!r}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import subprocess
 import sys
+import threading
 import wave
 from pathlib import Path
 
@@ -48,3 +51,35 @@ def test_synth_refuses_empty_text(tmp_path: Path, bundle_dir: Path) -> None:
     result = _edged("synth", "  ", "--voice", str(bundle_dir), "-o", str(tmp_path / "x.wav"))
     assert result.returncode == 2 and b"text is empty" in result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_synth_writes_into_a_fifo_in_place_and_through_a_symlink(tmp_path: Path, bundle_dir: Path) -> None:
+    # Renaming a finished file over the target would replace a device or FIFO (-o /dev/null as
+    # root) and a symlink: they are written in place, or through.
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    result = _edged("synth", "Into a pipe.", "--voice", str(bundle_dir), "-o", str(fifo))
+    reader.join(60)
+    assert result.returncode == 0, result.stderr
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+    assert received[0][:4] == b"RIFF" and len(received[0]) > 22050
+    real = tmp_path / "real.wav"
+    link = tmp_path / "link.wav"
+    link.symlink_to(real)
+    result = _edged("synth", "Through a link.", "--voice", str(bundle_dir), "-o", str(link))
+    assert result.returncode == 0, result.stderr
+    assert link.is_symlink() and real.read_bytes()[:4] == b"RIFF"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.wav", "pipe", "real.wav"]
+
+
+def test_synth_names_an_output_it_cannot_write(tmp_path: Path, bundle_dir: Path) -> None:
+    for target, message in ((tmp_path, b"is a directory"), (tmp_path / "none" / "x.wav", b"no directory")):
+        result = _edged("synth", "Hi.", "--voice", str(bundle_dir), "-o", str(target))
+        assert result.returncode == 2 and message in result.stderr and b"Traceback" not in result.stderr
+    with open("/dev/full", "wb") as full:
+        result = subprocess.run([sys.executable, "-m", "edged", "synth", "Hi.", "--raw", "--voice", str(bundle_dir)],
+                                stdout=full, stderr=subprocess.PIPE, timeout=120, check=False)
+    assert result.returncode == 2 and b"cannot write standard output" in result.stderr

@@ -60,3 +60,27 @@ def test_clear_message_when_no_daemon_runs(tmp_path: Path) -> None:
     refused = edgectl("--socket", str(stale), "voices", socket_path=tmp_path / "ignored.sock")
     assert refused.returncode == 3
     assert b"refuses connections" in refused.stderr
+
+
+def test_synth_output_errors_are_clear_and_leave_no_file(daemon: Daemon, tmp_path: Path) -> None:
+    done = edgectl("synth", "Hi.", "-o", str(tmp_path), socket_path=daemon.socket)
+    assert done.returncode == 2 and b"is a directory" in done.stderr and b"Traceback" not in done.stderr
+    # Not seekable: the streaming header stays, and the audio arrives whole.
+    piped = subprocess.run([sys.executable, "-c", "import sys; from edged.client import main; sys.exit(main())",
+                            "--socket", str(daemon.socket), "synth", "Into a pipe.", "-o", "/dev/stdout"],
+                           check=False, cwd=REPO, capture_output=True, timeout=60)
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stdout[:4] == b"RIFF" and len(piped.stdout) > 22050
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_body_the_daemon_refuses_early_gets_its_413(daemon: Daemon) -> None:
+    # The daemon answers 413 from Content-Length, before the body is read (and may close while
+    # edgectl still sends it): edgectl reports that answer, not an unreachable daemon.
+    done = edgectl("synth", "-", socket_path=daemon.socket, stdin=b"hello " * 400_000)
+    assert done.returncode == 1 and b"body_too_large" in done.stderr, done.stderr
+
+
+def test_cache_clear_with_an_empty_filter_is_refused_not_everything(daemon: Daemon) -> None:
+    done = edgectl("cache", "clear", "--tag", "", socket_path=daemon.socket)
+    assert done.returncode == 1 and b"bad_request" in done.stderr
