@@ -19,6 +19,10 @@ FORMAT_VERSION = 2
 """2: the back graph has the `trim` input (1: the decoder decoded all of the context)."""
 
 Precision = Literal["fp32", "int8"]
+PIPER_MARKERS = ("^", "$", "_")
+"""Phonemes Piper's id sequence always uses: start, end and the pad between phonemes."""
+MAX_FRAMES = 4096
+"""Largest window or context a manifest may ask for (~47 s of audio; memory grows with it)."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,14 @@ class Streaming:
     decode, with the flow run whole), 8 gave 63 dB; trimming took ~10% off the back's time."""
     fixed_window: int = 64
     """Window of the fixed-shape mode (input is always fixed_window + 2 * context frames)."""
+
+    def __post_init__(self) -> None:
+        for name in ("first_window", "max_window", "fixed_window", "context", "decoder_context"):
+            _require(_is_int(getattr(self, name)) and 0 <= getattr(self, name) <= MAX_FRAMES,
+                     f"streaming.{name} must be a whole number of frames up to {MAX_FRAMES}")
+        _require(1 <= self.first_window <= self.max_window and self.fixed_window >= 1,
+                 "streaming windows must hold at least one frame, the first no more than max_window")
+        _require(self.decoder_context <= self.context, "streaming.decoder_context must not exceed context")
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,35 @@ class Manifest:
     build: dict[str, str] = field(default_factory=dict)
     """What the bundle was built from: digests of the source voice and of the builder's code."""
 
+    def __post_init__(self) -> None:
+        """Types and ranges of what the engine uses: a damaged or hand-edited manifest is refused
+        here, with the field named, not met later as a crash in the middle of a synthesis."""
+        for name in ("voice_id", "version", "espeak_voice"):
+            _require(isinstance(getattr(self, name), str) and getattr(self, name), f"{name} must be a non-empty string")
+        _require(_is_int(self.sample_rate) and 8000 <= self.sample_rate <= 192_000,
+                 "sample_rate must be a whole number of Hz between 8000 and 192000")
+        _require(_is_int(self.hop_length) and 1 <= self.hop_length <= 4096, "hop_length must be between 1 and 4096")
+        _require(isinstance(self.phoneme_id_map, dict) and all(
+            isinstance(ids, list) and ids and all(_is_int(i) and i >= 0 for i in ids)
+            for ids in self.phoneme_id_map.values()), "phoneme_id_map must map phonemes to lists of ids")
+        _require(all(p in self.phoneme_id_map for p in PIPER_MARKERS),
+                 f"phoneme_id_map lacks one of Piper's markers {PIPER_MARKERS}")
+        _require(isinstance(self.inference, dict) and all(
+            isinstance(self.inference.get(k), (int, float)) and 0 <= self.inference[k] <= 10
+            for k in ("noise_scale", "length_scale", "noise_w")) and self.inference["length_scale"] > 0,
+            "inference must hold noise_scale, length_scale (> 0) and noise_w, each between 0 and 10")
+        _require(isinstance(self.files, dict) and all(
+            _is_plain_name(name) and isinstance(entry, dict) and _is_int(entry.get("size"))
+            and isinstance(entry.get("sha256"), str) and len(entry["sha256"]) == 64
+            for name, entry in self.files.items()),
+            "files must map plain file names of the bundle to their sha256 and size")
+        _require(isinstance(self.graphs, dict) and self.graphs and all(
+            precision in ("fp32", "int8") and isinstance(pair, dict) and set(pair) == {"front", "back"}
+            and all(isinstance(g, str) and g in self.files and g + ".data" in self.files for g in pair.values())
+            for precision, pair in self.graphs.items()),
+            "graphs must name, for fp32 and/or int8, a front and a back graph listed in files with their .data")
+        _require(self.default_precision in self.graphs, "default_precision must be one of the bundle's graphs")
+
     def to_json(self) -> str:
         data = {"format": FORMAT_VERSION, **self.__dict__, "streaming": self.streaming.__dict__}
         return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
@@ -76,7 +117,7 @@ class Manifest:
         try:
             fields["streaming"] = Streaming(**fields.get("streaming", {}))
             return cls(**fields)
-        except TypeError as exc:
+        except (TypeError, BundleError) as exc:
             raise BundleError(f"malformed manifest: {exc}") from None
 
 
@@ -117,3 +158,17 @@ def verify_files(bundle_dir: Path, manifest: Manifest, names: list[str] | None =
             raise BundleError(f"{bundle_dir}: {name} has the wrong size (damaged or tampered)")
         if file_digest(path)["sha256"] != expected["sha256"]:
             raise BundleError(f"{bundle_dir}: {name} fails its sha256 check (damaged or tampered)")
+
+
+def _require(condition: object, message: str) -> None:
+    if not condition:
+        raise BundleError(message)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_plain_name(name: object) -> bool:
+    """A name of a file in the bundle directory itself: no directory part, not "." or ".."."""
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from onnxruntime import RunOptions
+from onnxruntime import InferenceSession, RunOptions
 
 from .bundle import Manifest, Precision, read_manifest, verify_files
 from .errors import BadInput, BundleError
@@ -29,6 +29,10 @@ from .windows import Window, fixed_windows, growing_windows
 log = logging.getLogger(__name__)
 
 _INT16_MAX = 32767.0
+FRONT_INPUTS = ("input", "input_lengths", "scales")
+"""The front graph's inputs: those of the whole Piper model (see front_feed)."""
+BACK_INPUTS = ("latents", "frame_mask", "trim")
+"""The back graph's inputs (see back_feed)."""
 
 
 @dataclass(frozen=True)
@@ -91,12 +95,14 @@ class Voice:
             # 2 cores. A mismatch still refuses the voice: the sessions are then thrown away.
             verify_files(bundle_dir, manifest, graph_files)
         with ThreadPoolExecutor(3, thread_name_prefix="edged-voice") as pool:
-            checked = pool.submit(verify_files, bundle_dir, manifest, _data_files(manifest, graph_files)
+            checked = pool.submit(verify_files, bundle_dir, manifest, _data_files(graph_files)
                                   if settings.verify else [])
             front, back = (pool.submit(open_session, bundle_dir / name, settings.sessions) for name in graph_files)
             checked.result()
             self._front, front_provider = front.result()
             self._back, back_provider = back.result()
+        _expect_inputs(self._front, FRONT_INPUTS, bundle_dir / graph_files[0])
+        _expect_inputs(self._back, BACK_INPUTS, bundle_dir / graph_files[1])
         self.providers = {"front": front_provider, "back": back_provider}
         self.load_ms = (time.perf_counter() - started) * 1000
         log.info("voice %s %s (%s) loaded in %.0f ms, providers %s", manifest.voice_id,
@@ -201,6 +207,13 @@ def _default(value: float | None, default: float) -> float:
     return default if value is None else value
 
 
-def _data_files(manifest: Manifest, graph_files: list[str]) -> list[str]:
-    """The external-data (weights) files that belong to these graph files."""
-    return [graph + ".data" for graph in graph_files if graph + ".data" in manifest.files]
+def _data_files(graph_files: list[str]) -> list[str]:
+    """The external-data (weights) files of these graph files (the manifest lists each one)."""
+    return [graph + ".data" for graph in graph_files]
+
+
+def _expect_inputs(session: InferenceSession, names: tuple[str, ...], path: Path) -> None:
+    """Refuse at load a graph that is not the one expected (a front where the back should be)."""
+    found = tuple(i.name for i in session.get_inputs())
+    if sorted(found) != sorted(names):
+        raise BundleError(f"{path}: graph inputs {found} are not the expected {names}")

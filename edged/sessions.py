@@ -8,6 +8,8 @@ from pathlib import Path
 
 import onnxruntime as ort
 
+from .errors import BundleError
+
 log = logging.getLogger(__name__)
 
 CPU = "CPUExecutionProvider"
@@ -59,8 +61,8 @@ def open_session(path: Path, settings: SessionSettings) -> tuple[ort.InferenceSe
         try:
             session = ort.InferenceSession(str(path), session_options(settings), providers=[provider])
         except Exception as exc:  # a provider that fails to create falls back to the next one
-            if provider == CPU:
-                raise
+            if provider == CPU:  # the graph itself is bad (its checksums matched: built so)
+                raise BundleError(f"{path}: onnxruntime cannot load it: {str(exc).splitlines()[0]}") from exc
             log.warning("provider %s failed for %s, falling back: %s", provider, path.name, exc)
             continue
         return session, provider

@@ -178,6 +178,60 @@ def test_bundle_of_an_older_format_is_refused_with_the_way_out(bundle_dir: Path,
         Voice.load(copy)
 
 
+def _with_manifest(copy: Path, edit) -> None:  # type: ignore[no-untyped-def]
+    manifest = json.loads((copy / "manifest.json").read_text(encoding="utf-8"))
+    edit(manifest)
+    (copy / "manifest.json").unlink()
+    (copy / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+
+
+MANIFEST_DAMAGE = {
+    "files not a table": (lambda m: m.update(files=[]), "files must map"),
+    "file entry without size": (lambda m: m["files"]["back.int8.onnx"].pop("size"), "files must map"),
+    "file outside the bundle": (lambda m: m["files"].update({"../x.onnx": m["files"]["back.int8.onnx"]}),
+                                "plain file names"),
+    "graph outside the bundle": (lambda m: m["graphs"]["int8"].update(front="/etc/passwd"), "graphs must name"),
+    "graph without back": (lambda m: m["graphs"]["int8"].pop("back"), "graphs must name"),
+    "data file not listed": (lambda m: m["files"].pop("back.int8.onnx.data"), "graphs must name"),
+    "inference without scales": (lambda m: m.update(inference={}), "inference must hold"),
+    "sample rate as text": (lambda m: m.update(sample_rate="22050"), "sample_rate"),
+    "sample rate 0": (lambda m: m.update(sample_rate=0), "sample_rate"),
+    "hop length 0": (lambda m: m.update(hop_length=0), "hop_length"),
+    "id map without Piper's markers": (lambda m: m.update(phoneme_id_map={"a": [5]}), "markers"),
+    "window of 0 frames": (lambda m: m["streaming"].update(first_window=0), "at least one frame"),
+    "huge context": (lambda m: m["streaming"].update(context=10**9), "streaming.context"),
+    "unknown default precision": (lambda m: m.update(default_precision="fp16"), "default_precision"),
+}
+
+
+@pytest.mark.parametrize(("edit", "message"), MANIFEST_DAMAGE.values(), ids=MANIFEST_DAMAGE.keys())
+def test_a_damaged_manifest_is_refused_naming_the_field(bundle_dir: Path, tmp_path: Path, edit, message: str) -> None:  # type: ignore[no-untyped-def]
+    copy = _copy_bundle(bundle_dir, tmp_path / "bundle")
+    _with_manifest(copy, edit)
+    with pytest.raises(BundleError, match=f"malformed manifest: .*{message}"):
+        Voice.load(copy)
+
+
+def test_graphs_in_each_others_place_are_refused_at_load(bundle_dir: Path, tmp_path: Path) -> None:
+    copy = _copy_bundle(bundle_dir, tmp_path / "bundle")
+    _with_manifest(copy, lambda m: m["graphs"]["int8"].update(front="back.int8.onnx", back="front.int8.onnx"))
+    with pytest.raises(BundleError, match="graph inputs"):
+        Voice.load(copy, EngineSettings(precision="int8"))
+
+
+def test_a_graph_onnxruntime_cannot_read_is_a_bundle_error(bundle_dir: Path, tmp_path: Path) -> None:
+    # Checksums prove only that the files are those the manifest lists.
+    from edged.bundle import file_digest
+
+    copy = _copy_bundle(bundle_dir, tmp_path / "bundle")
+    graph = copy / "back.int8.onnx"
+    graph.unlink()
+    graph.write_bytes(b"not a graph")
+    _with_manifest(copy, lambda m: m["files"].update({"back.int8.onnx": file_digest(graph)}))
+    with pytest.raises(BundleError, match="onnxruntime cannot load it"):
+        Voice.load(copy, EngineSettings(precision="int8"))
+
+
 def test_the_back_decodes_only_what_its_trim_leaves(voice: Voice) -> None:
     latents = voice.front(next(iter(voice.pieces("The heating comes on at six."))),
                           SynthesisParams(noise_scale=0, noise_w=0))
