@@ -35,11 +35,14 @@ _CHAIN_LIMITS = (20, 40)
 take this many UTF-8 bytes, is spelled out; shorter ones ("U.S.A.", "e.g.", "A. B., C. D.") are
 left to espeak-ng, so that their ids stay Piper's."""
 _NOT_COUNTED = re.compile(r"[\s!-/:-@\[-`{-~]")
+_MAX_RUN = 64
 _UNBROKEN = re.compile(r"[^\s\u0e00-\u0fff\u1000-\u109f\u1780-\u17ff\u3000-\u9fff\uf900-\ufaff\uff00-\uffef"
-                       r"\U00020000-\U0003ffff]{64}")
-"""64 characters without a space, in scripts that separate words with spaces (not Thai, Lao,
+                       rf"\U00020000-\U0003ffff]{{{_MAX_RUN + 1},}}")
+"""Over 64 characters without a space, in scripts that separate words with spaces (not Thai, Lao,
 Tibetan, Myanmar, Khmer, Chinese, Japanese). espeak-ng crashes (a buffer overrun in TranslateWord3)
 on a word that stacks ~70 suffixes ("nessness...", "s's's'..."); no word of these is 64 long."""
+_BREAK_AFTER = "/-._,;:?&=+"
+"""Where such a run is best broken: a URL or a hyphenated compound then reads part by part."""
 
 
 @dataclass(frozen=True)
@@ -58,15 +61,15 @@ def start_espeak() -> None:
 
 
 def text_blocks(text: str, block_chars: int = _BLOCK_CHARS) -> Iterator[str]:
-    """Cut text after a sentence end near every `block_chars` characters (at a space if none)."""
+    """Cut text after a sentence end near every `block_chars` characters (at whitespace if none)."""
     start = 0
     while len(text) - start > block_chars:
         window = text[start : start + block_chars]
         cut = 0
         for match in _SENTENCE_END.finditer(window):
             cut = match.end()
-        if cut == 0:
-            cut = window.rfind(" ") + 1 or block_chars
+        if cut == 0:  # after the last whitespace (a list may have newlines only), else anywhere
+            cut = next((i + 1 for i in range(len(window) - 1, -1, -1) if window[i].isspace()), block_chars)
         yield text[start : start + cut]
         start += cut
     if start < len(text):
@@ -85,16 +88,29 @@ def sentences(text: str, espeak_voice: str) -> Iterator[list[str]]:
 
 def _safe_for_espeak(text: str) -> str:
     """Text that espeak-ng can take (see _LETTER_CHAIN, _UNBROKEN; found by fuzzing): a long run of
-    dotted letters spelled one by one ("a. b. c. "), which is how espeak-ng reads them anyway; a space
-    after every 64 characters without one; NUL (which its C API cannot carry) as a space. Short runs
+    dotted letters spelled one by one ("a. b. c. "), which is how espeak-ng reads them anyway; a run
+    of over 64 characters without a space broken up (see _broken_up); NUL (which its C API cannot carry) as a space. Short runs
     such as "e.g." or "U.S.A." and real words are left alone, so ids still match Piper's. What still
     crashes it only costs its own process (edged.espeak_worker)."""
     text = _LETTER_CHAIN.sub(_spelled_if_long, text)
-    text = _UNBROKEN.sub(lambda run: run.group() + " ", text)
+    text = _UNBROKEN.sub(_broken_up, text)
     return text.replace("\0", " ")
 
 
 _ONE_DOTTED_LETTER = re.compile(_DOTTED_LETTER)
+
+
+def _broken_up(run: re.Match[str]) -> str:
+    """The run with a space at most every 64 characters: after the last of _BREAK_AFTER in each
+    stretch that has one, else after its 64th character."""
+    rest, parts = run.group(), []
+    while len(rest) > _MAX_RUN:
+        stretch = rest[:_MAX_RUN]
+        cut = max(stretch.rfind(c) for c in _BREAK_AFTER) + 1 or _MAX_RUN
+        parts.append(rest[:cut])
+        rest = rest[cut:]
+    parts.append(rest)
+    return " ".join(parts)
 
 
 def _spelled_if_long(run: re.Match[str]) -> str:

@@ -79,6 +79,12 @@ def test_ordinary_text_passes_the_guards_untouched(text: str) -> None:
 
 def test_a_long_unspaced_run_gets_a_space_where_words_are_spaced() -> None:
     assert _safe_for_espeak("x" * 70) == "x" * 64 + " " + "x" * 6
+    assert _safe_for_espeak("x" * 64) == "x" * 64
+    url = "https://downloads.example.org/releases/2026/edged-voice-bundle-en-us-joe-medium.tar.gz"
+    broken = _safe_for_espeak(url)
+    assert broken.replace(" ", "") == url
+    assert broken.split(" ")[0] == "https://downloads.example.org/releases/2026/edged-voice-bundle-"
+    assert all(len(part) <= 64 for part in broken.split(" "))
 
 
 def test_nul_in_text_is_read_as_a_space() -> None:
@@ -130,3 +136,6 @@ def test_text_blocks_without_sentence_ends_cut_at_spaces() -> None:
     text = "word " * 1000
     blocks = list(text_blocks(text, block_chars=333))
     assert "".join(blocks) == text and all(b.endswith(" ") for b in blocks[:-1])
+    listing = "strawberry\n" * 200  # lines only: once cut inside a word ("strawberr" + "y")
+    blocks = list(text_blocks(listing, block_chars=333))
+    assert "".join(blocks) == listing and all(b.endswith("\n") for b in blocks)
