@@ -157,9 +157,9 @@ class CacheService:
             try:
                 # The registry's rules (load_on_demand; a failed load is not tried again), no deadline.
                 await self.registry.voice(info.voice_id, math.inf)
-                self.warm.synthesized += 1
                 async for chunk in self.pipeline.synthesize_stream(request, background):
                     yield chunk
+                self.warm.synthesized += 1  # counted once whole: a failed one counts as failed only
             finally:
                 del self._warming[key.digest]
 

@@ -32,6 +32,10 @@ class InputError(Exception):
 def read_text(arg: str) -> str:
     """The text argument itself, or standard input's (UTF-8) for `-`."""
     if arg != "-":
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:  # bytes the locale could not decode, kept as surrogates
+            raise InputError("the text argument is not valid UTF-8") from None
         return arg
     if sys.stdin is None:
         raise InputError("standard input is closed")

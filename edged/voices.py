@@ -22,7 +22,7 @@ def voice_dirs() -> list[Path]:
 def find_bundle(voice: str, search: list[Path] | None = None) -> Path:
     """A bundle directory from a voice id (looked up in `search`) or a path to the bundle itself."""
     as_path = Path(voice)
-    if (as_path / MANIFEST_NAME).is_file():
+    if voice and (as_path / MANIFEST_NAME).is_file():
         return as_path
     if "/" not in voice and voice not in ("", ".", ".."):
         found = bundle_by_id(voice, search if search is not None else voice_dirs())

@@ -41,10 +41,20 @@ def test_synth_rejects_bad_utf8_on_stdin(bundle_dir: Path) -> None:
     assert b"not valid UTF-8" in result.stderr and result.stdout == b""
 
 
-def test_synth_names_an_unknown_voice(tmp_path: Path) -> None:
+def test_synth_rejects_bad_utf8_in_its_argument(bundle_dir: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "edged", "synth", b"caf\xe9", "--raw", "--voice", str(bundle_dir)],
+                            capture_output=True, timeout=120, check=False)
+    assert result.returncode == 2 and b"not valid UTF-8" in result.stderr and result.stdout == b""
+
+
+def test_synth_names_an_unknown_voice(tmp_path: Path, bundle_dir: Path) -> None:
     result = _edged("synth", "Hi.", "--voice", "no-such-voice", "-o", str(tmp_path / "x.wav"))
     assert result.returncode == 2
     assert b"unknown voice 'no-such-voice'" in result.stderr
+    # An empty voice is not "the current directory", even where that holds a bundle.
+    result = subprocess.run([sys.executable, "-m", "edged", "synth", "Hi.", "--voice", "", "-o", str(tmp_path / "x.wav")],
+                            cwd=bundle_dir, capture_output=True, timeout=120, check=False)
+    assert result.returncode == 2 and b"unknown voice ''" in result.stderr
 
 
 def test_synth_refuses_empty_text(tmp_path: Path, bundle_dir: Path) -> None:
