@@ -160,6 +160,9 @@ class Voice:
         """Audio samples in [-1, 1] for the frames the window keeps."""
         feed = back_feed(latents.frames, latents.mask, window)
         audio = self._back.run(None, feed, run_options)[0].reshape(-1)
+        if not np.isfinite(audio).all():  # cheap (~0.1 ms a window); else NaN would play as noise
+            raise BundleError(f"{self.bundle_dir}: the {self.precision} back graph gave NaN or infinite "
+                              "samples: its weights are damaged")
         hop, start = self.manifest.hop_length, window.decoded_start
         return audio[(window.keep_start - start) * hop : (window.keep_end - start) * hop]
 

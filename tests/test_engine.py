@@ -232,6 +232,21 @@ def test_a_graph_onnxruntime_cannot_read_is_a_bundle_error(bundle_dir: Path, tmp
         Voice.load(copy, EngineSettings(precision="int8"))
 
 
+def test_weights_that_give_nan_are_reported_not_played(bundle_dir: Path, tmp_path: Path) -> None:
+    from edged.bundle import file_digest
+
+    copy = _copy_bundle(bundle_dir, tmp_path / "bundle")
+    weights = copy / "back.fp32.onnx.data"
+    _replace_with_copy(weights)
+    with weights.open("r+b") as f:  # a megabyte of weights in the middle made NaN
+        f.seek(weights.stat().st_size // 2)
+        f.write(np.full(1 << 18, np.nan, dtype=np.float32).tobytes())
+    _with_manifest(copy, lambda m: m["files"].update({"back.fp32.onnx.data": file_digest(weights)}))
+    voice = Voice.load(copy, EngineSettings(precision="fp32"))
+    with pytest.raises(BundleError, match="NaN"):
+        list(voice.synthesize("Hello."))
+
+
 def test_the_back_decodes_only_what_its_trim_leaves(voice: Voice) -> None:
     latents = voice.front(next(iter(voice.pieces("The heating comes on at six."))),
                           SynthesisParams(noise_scale=0, noise_w=0))
