@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .config import CacheConfig
-from .errors import Busy
+from .errors import Busy, TextTooLong
 from .messages import Phrase, parse_phrase_lines
 from .pipeline import Pipeline, SynthesisRequest
 from .preemption import Background
@@ -50,8 +50,10 @@ class WarmProgress:
 
 class CacheService:
     def __init__(self, config: CacheConfig, pipeline: Pipeline, registry: VoiceRegistry,
-                 default_voice: str) -> None:
+                 default_voice: str, max_text_chars: int) -> None:
         self.config = config
+        self.max_text_chars = max_text_chars
+        """The API's limit, which phrases of a warm file are held to as well."""
         self.pipeline = pipeline
         self.registry = registry
         self.default_voice = default_voice
@@ -146,6 +148,8 @@ class CacheService:
 
     async def _warm_one(self, phrase: Phrase) -> None:
         assert self.cache is not None
+        if len(phrase.text) > self.max_text_chars:
+            raise TextTooLong(f"phrase of {len(phrase.text)} characters, over the limit of {self.max_text_chars}")
         info = self.registry.info(phrase.voice or self.default_voice)
         request = SynthesisRequest(phrase.text, info.voice_id, info.version, info.precision, info.sample_rate,
                                    1.0, "pcm")

@@ -59,7 +59,8 @@ class Daemon:
         """Streams stopped because the client stopped reading for longer than the output timeout."""
         self.on_state: list[Callable[[State], None]] = []
         self.cache: CacheService | None = (
-            CacheService(settings.cache, self.pipeline, self.registry, settings.voices.default)
+            CacheService(settings.cache, self.pipeline, self.registry, settings.voices.default,
+                         settings.limits.max_text_chars)
             if settings.cache.enabled else None)
         """Opened by `open_cache` (needs the event loop); None when disabled in the config."""
 
