@@ -29,6 +29,8 @@ from .metrics import Metrics
 
 log = logging.getLogger(__name__)
 
+HEADERS_END = b"\r\n\r\n"
+
 
 class EdgedProtocol(HttpToolsProtocol):
     """uvicorn's protocol plus what it lacks for untrusted clients:
@@ -46,8 +48,9 @@ class EdgedProtocol(HttpToolsProtocol):
         self._header_timer: asyncio.TimerHandle | None = None
         self._reading_headers = True
         self._header_bytes = 0
-        """Bytes received while this request's headers are incomplete (counted per read: the cap
-        is passed by at most one read)."""
+        """Bytes received while this request's headers are incomplete."""
+        self._tail = b""
+        """The last bytes of the previous read, where the headers' end may have begun."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -56,12 +59,16 @@ class EdgedProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         if self._reading_headers:
+            # The headers must end within the bytes left to them; what follows their end in the
+            # same read (a body, a pipelined request) is not theirs.
+            room = self.max_header_bytes - self._header_bytes
+            if len(data) > room and HEADERS_END not in self._tail + data[: room + len(HEADERS_END)]:
+                self._refuse(HeadersTooLarge(f"request line and headers are over the limit of "
+                                             f"{self.max_header_bytes} bytes"))
+                return
             self._header_bytes += len(data)
+            self._tail = (self._tail + data)[-(len(HEADERS_END) - 1):]
         super().data_received(data)
-        # Checked after parsing: a read that completes the headers may also hold a large body.
-        if self._reading_headers and self._header_bytes > self.max_header_bytes:
-            self._refuse(HeadersTooLarge(f"request line and headers are over the limit of "
-                                         f"{self.max_header_bytes} bytes"))
 
     def send_400_response(self, msg: str) -> None:
         self._refuse(BadInput(f"malformed HTTP request: {msg}"))
@@ -78,7 +85,7 @@ class EdgedProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
-        self._reading_headers, self._header_bytes = True, 0
+        self._reading_headers, self._header_bytes, self._tail = True, 0, b""
 
     def _refuse(self, error: EdgedError) -> None:
         """Answer outside the app, as the parser cannot go on, and close."""

@@ -173,6 +173,14 @@ def test_headers_without_end_are_cut_off_at_the_limit(daemon: Daemon) -> None:
     assert daemon.get("/v1/health").status == 200
 
 
+def test_complete_headers_over_the_limit_are_refused_and_under_it_served(daemon: Daemon) -> None:
+    for filler, expected in ((100_000, 431), (17_000, 431), (15_000, 200)):  # the limit is 16 KiB
+        with daemon.connect() as sock:  # one write: the headers end in the read that brings them
+            sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\nX-Filler: " + b"a" * filler + b"\r\n\r\n")
+            status, _ = read_head(sock)
+        assert status == expected, filler
+
+
 @pytest.mark.parametrize("request_bytes", [
     b"GARBAGE\r\n\r\n",
     b"GET /v1/health HTTP/1.1\r\nHost x\r\n\r\n",
