@@ -67,13 +67,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+COMMANDS = ("serve", "synth")
+
+
+def with_default_command(argv: list[str]) -> list[str]:
+    """`edged [-v] [serve's options]` runs the daemon: "serve" is put where the command goes."""
+    lead = 0
+    while lead < len(argv) and argv[lead] in ("-v", "--verbose"):
+        lead += 1
+    if lead < len(argv) and argv[lead] in (*COMMANDS, "-h", "--help"):
+        return argv
+    return [*argv[:lead], "serve", *argv[lead:]]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(with_default_command(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    if args.command is None:
-        args = parser.parse_args(["serve", *(argv if argv is not None else sys.argv[1:])])
     try:
         return int(args.run(args))
     except (EdgedError, InputError, OutputError) as exc:

@@ -93,3 +93,13 @@ def test_synth_names_an_output_it_cannot_write(tmp_path: Path, bundle_dir: Path)
         result = subprocess.run([sys.executable, "-m", "edged", "synth", "Hi.", "--raw", "--voice", str(bundle_dir)],
                                 stdout=full, stderr=subprocess.PIPE, timeout=120, check=False)
     assert result.returncode == 2 and b"cannot write standard output" in result.stderr
+
+
+def test_serve_is_the_default_command_and_takes_its_options(tmp_path: Path) -> None:
+    from edged.cli import with_default_command
+
+    result = _edged("--config", str(tmp_path / "missing.toml"))  # parsed as serve's option
+    assert result.returncode == 2 and b"cannot read config" in result.stderr
+    assert with_default_command(["-v", "--socket", "s"]) == ["-v", "serve", "--socket", "s"]
+    assert with_default_command([]) == ["serve"]
+    assert with_default_command(["synth", "serve"]) == ["synth", "serve"]
