@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--precision", choices=["fp32", "int8"], help="default: the bundle's choice")
     synth.add_argument("--speed", type=float, default=1.0, help="speaking rate (2.0 = twice as fast)")
     synth.add_argument("--fixed-shape", action="store_true",
-                       help="decode at one window shape only, as an NPU needs (same audio)")
+                       help="decode at one window shape only, as an NPU needs (the same audio in fp32; "
+                            "in int8, within its rounding)")
     synth.set_defaults(run=_synth)
     return parser
 

@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES="libsystemd-dev pkg-config libportaudio2 systemd"
+# python3-venv for the venv; python3-dev and gcc because pip builds systemd-python from source.
+APT_PACKAGES="libsystemd-dev pkg-config libportaudio2 systemd python3-venv python3-dev gcc"
 
 install_system() {
     local missing=""
