@@ -99,6 +99,7 @@ class App:
 
         try:
             if self.over_limit() and path not in MONITORING:
+                self.daemon.connections_refused += 1
                 raise Busy(f"too many connections (limit {self.settings.server.max_connections})")
             methods = self.routes.get(path)
             if methods is None:

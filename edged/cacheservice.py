@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .config import CacheConfig
-from .errors import Busy, TextTooLong
+from .errors import Busy, StageTimeout, TextTooLong
 from .messages import Phrase, parse_phrase_lines
 from .pipeline import Pipeline, SynthesisRequest
 from .preemption import Background
@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 CACHED_FORMAT = "pcm"
 """Cached bytes are always bare PCM: a WAV header is added when the audio is sent."""
 MAX_WARM_QUEUE = 20_000
+WARM_JOIN_ATTEMPTS = 10
+WARM_JOIN_RETRY_S = 0.5
 """Phrases waiting for warm-up; more are refused (busy), so repeated calls cannot grow memory."""
 
 
@@ -167,10 +169,20 @@ class CacheService:
             finally:
                 del self._warming[key.digest]
 
-        stream = await self.cache.stream(key, in_background, sample_rate=request.sample_rate)
-        async with stream:
-            async for _ in stream:
-                pass
+        for _attempt in range(WARM_JOIN_ATTEMPTS):
+            stream = await self.cache.stream(key, in_background, sample_rate=request.sample_rate)
+            try:
+                async with stream:
+                    async for _ in stream:
+                        pass
+                return
+            except (Busy, StageTimeout):
+                if stream.status != "joined":
+                    raise
+                # It joined a live request's synthesis of the same phrase, and that request was
+                # refused (the box is full): a warm-up waits its turn, so it asks again.
+                await asyncio.sleep(WARM_JOIN_RETRY_S)
+        raise Busy(f"the phrase was refused {WARM_JOIN_ATTEMPTS} times in live requests' syntheses")
 
     # -- figures ----------------------------------------------------------------------------------
 

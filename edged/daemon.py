@@ -56,6 +56,8 @@ class Daemon:
         self.disconnects = 0
         """Streams stopped because the client hung up."""
         self.write_stalls = 0
+        self.connections_refused = 0
+        """Requests answered 503 busy because the server was at its connection limit."""
         """Streams stopped because the client stopped reading for longer than the output timeout."""
         self.on_state: list[Callable[[State], None]] = []
         self.cache: CacheService | None = (
@@ -131,7 +133,7 @@ class Daemon:
             "voices": self.registry.describe(),
             "admission": {"active": admission.active, "waiting": admission.waiting,
                           "capacity": admission.capacity, "queue_size": admission.queue_size,
-                          "rejected": admission.rejected},
+                          "rejected": admission.rejected, "connections_refused": self.connections_refused},
             "stages": {
                 stage.name: {"concurrency": stage.concurrency, "running": stage.running,
                              "waiting": stage.waiting, "calls": stage.calls, "timeouts": stage.timeouts}

@@ -111,7 +111,10 @@ class _DaemonCollector:
 
         counts = pipeline.counts
         for name, value, doc in (
-            ("edged_busy_rejections", admission.rejected, "Requests refused with 503 busy."),
+            ("edged_busy_rejections", admission.rejected,
+             "Requests refused with 503 busy by admission (queue full, or no slot in time)."),
+            ("edged_connections_refused", daemon.connections_refused,
+             "Requests refused with 503 busy at the server's connection limit."),
             ("edged_synthesis_completed", counts.completed, "Syntheses streamed to their end."),
             ("edged_synthesis_cancelled", counts.cancelled, "Syntheses stopped early (hang-up, stalled reader)."),
             ("edged_synthesis_failed", counts.failed, "Syntheses that failed with an error."),

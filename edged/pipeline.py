@@ -227,8 +227,10 @@ class Pipeline:
             self.preemption.live_started()
             try:
                 await self.admission.enter()
-            except BaseException:
+            except BaseException as exc:
                 self.preemption.live_ended()
+                if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+                    self.counts.cancelled += 1  # its client hung up while it waited for a slot
                 raise
         finished = False
         try:

@@ -26,6 +26,7 @@ from daemon_harness import (
     Reply,
     other_voice,
     post_raw,
+    read_head,
     wait_for,
 )
 
@@ -146,6 +147,27 @@ def test_a_request_for_a_phrase_being_warmed_does_not_wait_behind_live_work(cach
         assert status["synthesis"]["background_promoted"] >= 1
     finally:
         stalled.close()
+
+
+def test_a_warm_up_that_joined_a_refused_live_request_waits_its_turn(tmp_path: Path, bundle_dir: Path) -> None:
+    config = "[pipeline]\nmax_active = 1\nqueue_timeout_s = 0.5\n"
+    with Daemon(tmp_path / "d", config) as daemon:
+        holder = daemon.connect()  # holds the only slot, and never reads
+        holder.sendall(post_raw(json.dumps({"text": LONG_TEXT, "format": "pcm"}).encode("utf-8")))
+        phrase = "Warmed after a refused live request."
+        try:
+            wait_for(lambda: daemon.status()["admission"]["active"] == 1)
+            queued = daemon.connect()
+            queued.sendall(post_raw(json.dumps({"text": phrase}).encode("utf-8")))
+            wait_for(lambda: daemon.status()["admission"]["waiting"] == 1)
+            assert daemon.request("POST", "/v1/cache/warm", {"phrases": [phrase]}).status == 202
+            assert read_head(queued)[0] == 503  # no slot within 0.5 s; the warm-up had joined it
+            queued.close()
+        finally:
+            holder.close()
+        warm = wait_for(lambda: (w := daemon.status()["cache"]["warm"])["done"] == 1 and w, timeout=30)
+        assert warm["synthesized"] == 1 and warm["failed"] == 0
+        assert _synth(daemon, phrase).headers["x-edged-cache"] == "hit"
 
 
 def test_status_has_a_cache_block(cached: Daemon) -> None:

@@ -98,9 +98,11 @@ def test_connections_over_the_limit_get_a_json_busy_and_service_resumes(tmp_path
             reply = daemon.request("GET", "/v1/voices")
             assert reply.headers["content-type"].startswith("application/json")
             assert reply.json()["error"]["code"] == "busy" and "retry-after" in reply.headers
-            # Its supervisor can still ask how it is doing.
+            # Its supervisor can still ask how it is doing, refusals counted.
             assert daemon.request("GET", "/v1/health").status == 200
-            assert daemon.request("GET", "/v1/status").json()["state"] == "READY"
+            status = daemon.request("GET", "/v1/status").json()
+            assert status["state"] == "READY" and status["admission"]["connections_refused"] >= 2
+            assert "edged_connections_refused_total" in daemon.request("GET", "/metrics").body.decode()
             assert len(idle) == 2
         wait_for(lambda: daemon.request("GET", "/v1/voices").status == 200)  # once they are gone
 

@@ -107,3 +107,23 @@ def test_requests_planned_while_others_queue_are_decoded_for_throughput(voice: V
         pipeline.close()
 
     asyncio.run(scenario())
+
+
+def test_a_request_given_up_while_queued_is_counted_as_cancelled(voice: Voice) -> None:
+    async def scenario() -> None:
+        pipeline = Pipeline(PipelineSettings(max_active=1, queue_size=2), Loaded(voice))
+        holder = pipeline.synthesize_stream(request_for(voice, "Your timer is done."))
+        await anext(holder)  # holds the only slot
+        queued = asyncio.create_task(anext(pipeline.synthesize_stream(request_for(voice, "Queued."))))
+        while pipeline.admission.waiting < 1:
+            await asyncio.sleep(0.001)
+        queued.cancel()  # its client hung up
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        await holder.aclose()
+        counts = pipeline.counts
+        assert (counts.cancelled, counts.completed, counts.failed) == (2, 0, 0)  # the holder, too
+        assert pipeline.admission.waiting == 0 and pipeline.admission.active == 0
+        pipeline.close()
+
+    asyncio.run(scenario())
