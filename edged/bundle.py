@@ -15,8 +15,9 @@ from typing import Any, Literal
 from .errors import BundleError
 
 MANIFEST_NAME = "manifest.json"
-FORMAT_VERSION = 2
-"""2: the back graph has the `trim` input (1: the decoder decoded all of the context)."""
+FORMAT_VERSION = 3
+"""3: the flow is in the front graph, the back is the decoder alone (2: the back held the flow and
+had a `trim` input; 1: its decoder decoded all of the flow's context)."""
 
 Precision = Literal["fp32", "int8"]
 PIPER_MARKERS = ("^", "$", "_")
@@ -34,22 +35,18 @@ class Streaming:
     16 rather than 32 took ~15 ms off time to first audio here (tools.bench), at no cost in SNR."""
     max_window: int = 512
     """Caps the decoder's working memory (its activations grow with the window)."""
-    context: int = 32
-    """Frames of context given to the back on each side of a window, for the flow."""
-    decoder_context: int = 12
-    """Of those, the frames the decoder decodes on each side (the rest is trimmed after the flow).
-    The decoder's receptive field is small: 12 kept the joins exact (126 dB SNR against one whole
-    decode, with the flow run whole), 8 gave 63 dB; trimming took ~10% off the back's time."""
+    context: int = 12
+    """Frames of context given to the decoder on each side of a window. Its receptive field is
+    small: 12 kept the joins exact (126 dB SNR against one whole decode), 8 gave 63 dB."""
     fixed_window: int = 64
     """Window of the fixed-shape mode (input is always fixed_window + 2 * context frames)."""
 
     def __post_init__(self) -> None:
-        for name in ("first_window", "max_window", "fixed_window", "context", "decoder_context"):
+        for name in ("first_window", "max_window", "fixed_window", "context"):
             _require(_is_int(getattr(self, name)) and 0 <= getattr(self, name) <= MAX_FRAMES,
                      f"streaming.{name} must be a whole number of frames up to {MAX_FRAMES}")
         _require(1 <= self.first_window <= self.max_window and self.fixed_window >= 1,
                  "streaming windows must hold at least one frame, the first no more than max_window")
-        _require(self.decoder_context <= self.context, "streaming.decoder_context must not exceed context")
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,8 @@ log = logging.getLogger(__name__)
 _INT16_MAX = 32767.0
 FRONT_INPUTS = ("input", "input_lengths", "scales")
 """The front graph's inputs: those of the whole Piper model (see front_feed)."""
-BACK_INPUTS = ("latents", "frame_mask", "trim")
-"""The back graph's inputs (see back_feed)."""
+BACK_INPUTS = ("latents",)
+"""The back graph's input (see back_feed)."""
 
 
 @dataclass(frozen=True)
@@ -67,10 +67,10 @@ class EngineSettings:
 
 @dataclass
 class Latents:
-    """Front output for one piece: latent frames (1 x 192 x frames) and their mask (1 x 1 x frames)."""
+    """Front output for one piece: the decoder's input frames (1 x 192 x frames), the flow run
+    and the frame mask applied."""
 
     frames: np.ndarray
-    mask: np.ndarray
 
     @property
     def n_frames(self) -> int:
@@ -137,8 +137,8 @@ class Voice:
             ],
             dtype=np.float32,
         )
-        frames, mask = self._front.run(None, front_feed(ids, scales), run_options)
-        return Latents(frames, mask)
+        (frames,) = self._front.run(None, front_feed(ids, scales), run_options)
+        return Latents(frames)
 
     def windows(self, latents: Latents, produced: int = 0, throughput: bool = False) -> list[Window]:
         """The back-graph windows of one piece, `produced` frames into the text.
@@ -154,16 +154,16 @@ class Voice:
             return fixed_windows(latents.n_frames, streaming.fixed_window, streaming.context)
         first = streaming.max_window if throughput else streaming.first_window
         return growing_windows(latents.n_frames, first, streaming.max_window, streaming.context,
-                               streaming.decoder_context, produced=produced)
+                               produced=produced)
 
     def decode_float(self, latents: Latents, window: Window, run_options: RunOptions | None = None) -> np.ndarray:
         """Audio samples in [-1, 1] for the frames the window keeps."""
-        feed = back_feed(latents.frames, latents.mask, window)
+        feed = back_feed(latents.frames, window)
         audio = self._back.run(None, feed, run_options)[0].reshape(-1)
         if not np.isfinite(audio).all():  # cheap (~0.1 ms a window); else NaN would play as noise
             raise BundleError(f"{self.bundle_dir}: the {self.precision} back graph gave NaN or infinite "
                               "samples: its weights are damaged")
-        hop, start = self.manifest.hop_length, window.decoded_start
+        hop, start = self.manifest.hop_length, window.in_start
         return audio[(window.keep_start - start) * hop : (window.keep_end - start) * hop]
 
     def decode(self, latents: Latents, window: Window, run_options: RunOptions | None = None) -> bytes:
@@ -190,16 +190,13 @@ def front_feed(ids: list[int], scales: np.ndarray) -> dict[str, np.ndarray]:
             "input_lengths": np.array([len(ids)], dtype=np.int64), "scales": scales}
 
 
-def back_feed(frames: np.ndarray, mask: np.ndarray, window: Window) -> dict[str, np.ndarray]:
-    """Inputs of the back graph for one window of a piece's latent frames and mask: the window's
-    input frames (zero-padded to a fixed shape), and the frames the back trims before its decoder."""
+def back_feed(frames: np.ndarray, window: Window) -> dict[str, np.ndarray]:
+    """Input of the back graph for one window of a piece's frames: the window's input frames,
+    zero-padded to a fixed shape."""
     frames = frames[:, :, window.in_start : window.in_end]
-    mask = mask[:, :, window.in_start : window.in_end]
     if window.pad:
         frames = np.pad(frames, ((0, 0), (0, 0), (0, window.pad)))
-        mask = np.pad(mask, ((0, 0), (0, 0), (0, window.pad)))
-    return {"latents": frames, "frame_mask": mask,
-            "trim": np.array([window.trim_start, window.trim_end], dtype=np.int64)}
+    return {"latents": frames}
 
 
 def to_pcm16(audio: np.ndarray) -> bytes:

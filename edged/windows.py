@@ -1,11 +1,9 @@
-"""Which latent frames each run of the back graph decodes, and which of them it keeps.
+"""Which latent frames each run of the back graph (the decoder) decodes, and which of them it keeps.
 
-A window keeps frames [keep_start, keep_end) and is given to the back graph as [in_start, in_end),
-that is with up to `context` frames on each side, which the flow needs. The back drops `trim_start`
-and `trim_end` of them after the flow, so that the decoder (most of the cost, with a small
-receptive field) only decodes `decoder_context` frames on each side; what lies outside the kept
-frames is cut from the audio. With 32 and 12 the joined windows match one whole-sentence decode to
->100 dB SNR (tools.eval_quality).
+A window keeps frames [keep_start, keep_end) and is given to the decoder as [in_start, in_end),
+that is with up to `context` frames on each side; what lies outside the kept frames is cut from
+the audio. The decoder's receptive field is small: with 12 frames of context the joined windows
+match one whole-sentence decode to >100 dB SNR (tools.eval_quality).
 """
 
 from __future__ import annotations
@@ -21,28 +19,18 @@ class Window:
     in_end: int
     pad: int = 0
     """Zero frames appended after in_end so that a fixed-shape graph gets its one shape."""
-    trim_start: int = 0
-    """Frames of the input that the back drops after the flow, before the decoder."""
-    trim_end: int = 0
 
     def __post_init__(self) -> None:
-        if not (self.in_start <= self.decoded_start <= self.keep_start < self.keep_end
-                <= self.in_end + self.pad - self.trim_end <= self.in_end + self.pad):
+        if not (self.in_start <= self.keep_start < self.keep_end <= self.in_end):
             raise ValueError(f"inconsistent window {self}")
 
     @property
     def in_frames(self) -> int:
         return self.in_end - self.in_start + self.pad
 
-    @property
-    def decoded_start(self) -> int:
-        """The frame at which the decoder's audio starts."""
-        return self.in_start + self.trim_start
-
 
 def growing_windows(
-    n_frames: int, first: int, largest: int, context: int, decoder_context: int | None = None,
-    growth: int = 4, produced: int = 0,
+    n_frames: int, first: int, largest: int, context: int, growth: int = 4, produced: int = 0,
 ) -> list[Window]:
     """Windows of `first` frames, then `growth` times larger each time, up to `largest`.
 
@@ -50,20 +38,15 @@ def growing_windows(
     pays for its context again, and by then the client has audio buffered (the decoder runs many
     times faster than real time). A tail shorter than the context joins the window before it.
     A later piece of the same text, after `produced` frames, starts as large as that audio: the
-    client has it buffered, so small windows would only cost context again. `decoder_context`
-    None decodes all the context.
+    client has it buffered, so small windows would only cost context again.
     """
-    decoder_context = context if decoder_context is None else decoder_context
     windows = []
     start, size = 0, min(largest, max(first, produced))
     while start < n_frames:
         end = min(n_frames, start + size)
         if n_frames - end < context:
             end = n_frames
-        in_start, in_end = max(0, start - context), min(n_frames, end + context)
-        windows.append(Window(start, end, in_start, in_end,
-                              trim_start=max(0, start - decoder_context - in_start),
-                              trim_end=max(0, in_end - end - decoder_context)))
+        windows.append(Window(start, end, max(0, start - context), min(n_frames, end + context)))
         start, size = end, min(size * growth, largest)
     return windows
 
@@ -72,8 +55,8 @@ def fixed_windows(n_frames: int, window: int, context: int) -> list[Window]:
     """Windows whose input is always `window + 2 * context` frames, the form an NPU compiler needs.
 
     Where a sentence edge leaves no context, the input slides inward instead of padding; only a
-    sentence shorter than the input shape is padded (with masked zero frames) at its end. The
-    decoder decodes all of the input (no trim), so that its output has one shape too.
+    sentence shorter than the input shape is padded (with zero frames, as the mask makes the
+    frames past a sentence's end) at its end.
     """
     shape = window + 2 * context
     if n_frames <= shape:

@@ -45,9 +45,9 @@ class _Sessions:
 
     def speak(self, front: str, back: str, feed: dict) -> np.ndarray:
         """Whole-sentence audio through the front of one precision and the back of another."""
-        latents, mask = self.by[front]["front"].run(None, feed)
+        (latents,) = self.by[front]["front"].run(None, feed)
         whole = Window(0, latents.shape[2], 0, latents.shape[2])
-        return self.by[back]["back"].run(None, back_feed(latents, mask, whole))[0].reshape(-1)
+        return self.by[back]["back"].run(None, back_feed(latents, whole))[0].reshape(-1)
 
 
 def measure(paths: dict[str, dict[str, Path]], facts: VoiceFacts, runs: int = 15) -> dict[str, Any]:
@@ -58,8 +58,8 @@ def measure(paths: dict[str, dict[str, Path]], facts: VoiceFacts, runs: int = 15
     sessions = _Sessions(paths)
     ids = next(pieces_ids(SPEED_TEXT, facts.espeak_voice, facts.phoneme_id_map, PieceLimits(0, 0)))
     feeds = {"front": front_feed(ids, facts.scales())}
-    latents, mask = sessions.by["fp32"]["front"].run(None, feeds["front"])
-    feeds["back"] = back_feed(latents, mask, Window(0, SPEED_FRAMES, 0, SPEED_FRAMES))
+    (latents,) = sessions.by["fp32"]["front"].run(None, feeds["front"])
+    feeds["back"] = back_feed(latents, Window(0, SPEED_FRAMES, 0, SPEED_FRAMES))
     times: dict[str, list[float]] = {f"{g}.{p}": [] for g in feeds for p in paths}
     for i in range(runs + 2):  # interleaved, so that load from elsewhere hits both alike
         for key, taken in times.items():
