@@ -32,7 +32,7 @@ SPEED_TEXT = "When it turns cold, the heating comes on by itself at six in the m
 """161 phoneme ids in one piece: a front run on a typical long piece."""
 SPEED_FRAMES = 96
 """One back run over 96 frames, all decoded: per frame, close to the large windows that make most
-of a long text (512 frames, of which the decoder's context is a small part)."""
+of a long text (256 frames, of which the decoder's context is a small part)."""
 
 
 class _Sessions:
