@@ -89,7 +89,8 @@ class Manifest:
         _require(all(p in self.phoneme_id_map for p in PIPER_MARKERS),
                  f"phoneme_id_map lacks one of Piper's markers {PIPER_MARKERS}")
         _require(isinstance(self.inference, dict) and all(
-            isinstance(self.inference.get(k), (int, float)) and 0 <= self.inference[k] <= 10
+            isinstance(self.inference.get(k), (int, float)) and not isinstance(self.inference[k], bool)
+            and 0 <= self.inference[k] <= 10
             for k in ("noise_scale", "length_scale", "noise_w")) and self.inference["length_scale"] > 0,
             "inference must hold noise_scale, length_scale (> 0) and noise_w, each between 0 and 10")
         _require(isinstance(self.files, dict) and all(

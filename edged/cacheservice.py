@@ -35,9 +35,10 @@ log = logging.getLogger(__name__)
 CACHED_FORMAT = "pcm"
 """Cached bytes are always bare PCM: a WAV header is added when the audio is sent."""
 MAX_WARM_QUEUE = 20_000
+"""Phrases waiting for warm-up; more are refused (busy), so repeated calls cannot grow memory."""
 WARM_JOIN_ATTEMPTS = 10
 WARM_JOIN_RETRY_S = 0.5
-"""Phrases waiting for warm-up; more are refused (busy), so repeated calls cannot grow memory."""
+"""A warm-up phrase that joined a live request's refused synthesis asks again this often."""
 
 
 @dataclass

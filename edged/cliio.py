@@ -47,11 +47,13 @@ def read_text(arg: str) -> str:
 
 class AudioOutput:
     """An open output: `write` audio bytes, then `finish_wav` to put the real sizes into a WAV
-    header written for streaming (where the output can seek)."""
+    header written for streaming (only in a file of our own: standard output or a device may
+    hold other bytes before ours, and seeking there would write over them)."""
 
-    def __init__(self, file: BinaryIO, name: str) -> None:
+    def __init__(self, file: BinaryIO, name: str, own_file: bool) -> None:
         self._file = file
         self.name = name
+        self.own_file = own_file
         self.written = 0
 
     def write(self, data: bytes) -> None:
@@ -65,7 +67,7 @@ class AudioOutput:
         self.written += len(data)
 
     def finish_wav(self) -> None:
-        if self.written >= 44 and self._file.seekable():
+        if self.own_file and self.written >= 44:
             write_sizes(self._file, self.written - 44)
 
 
@@ -89,25 +91,41 @@ def open_output(path: Path | None) -> Iterator[AudioOutput]:
     if path is None:
         if sys.stdout is None:
             raise OutputError("standard output is closed")
-        yield AudioOutput(sys.stdout.buffer, "standard output")
+        yield AudioOutput(sys.stdout.buffer, "standard output", own_file=False)
         return
     check_writable(path)
-    in_place = _kind(path) == "special"
+    # /dev/stdout and its like are written where they point, appending: opened afresh, a regular
+    # file behind them would be truncated (the shell may have opened it to append).
+    in_place = _kind(path) == "special" or _through_proc(path)
     # realpath: a symlink to a regular file is written through, not replaced.
     target = path if in_place else Path(os.path.realpath(path))
     written_to = target if in_place else target.with_name(target.name + ".part")
     try:
         try:
-            file = open(written_to, "wb")  # noqa: SIM115 (closed below, before the rename)
+            file = open(written_to, "ab" if in_place else "wb")  # noqa: SIM115 (closed below)
         except OSError as exc:
             raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
         with file:
-            yield AudioOutput(file, str(path))
+            yield AudioOutput(file, str(path), own_file=not in_place)
         if not in_place:
             written_to.replace(target)
     finally:
         if not in_place:
             written_to.unlink(missing_ok=True)
+
+
+def _through_proc(path: Path) -> bool:
+    """Whether a symlink on the way to `path` points into /proc (/dev/stdout -> /proc/self/fd/1):
+    an open file of a process, not one to replace."""
+    current = Path(os.path.abspath(path))
+    for _ in range(40):  # the kernel's own limit on symlinks followed
+        if not current.is_symlink():
+            return False
+        target = os.readlink(current)
+        if target.startswith("/proc/"):
+            return True
+        current = Path(os.path.abspath(current.parent / target))
+    return False
 
 
 def _kind(path: Path) -> str:

@@ -56,9 +56,9 @@ class Daemon:
         self.disconnects = 0
         """Streams stopped because the client hung up."""
         self.write_stalls = 0
+        """Streams stopped because the client stopped reading for longer than the output timeout."""
         self.connections_refused = 0
         """Requests answered 503 busy because the server was at its connection limit."""
-        """Streams stopped because the client stopped reading for longer than the output timeout."""
         self.on_state: list[Callable[[State], None]] = []
         self.cache: CacheService | None = (
             CacheService(settings.cache, self.pipeline, self.registry, settings.voices.default,

@@ -51,6 +51,10 @@ class EdgedProtocol(HttpToolsProtocol):
         """Bytes received while this request's headers are incomplete."""
         self._tail = b""
         """The last bytes of the previous read, where the headers' end may have begun."""
+        self._parsed_header_bytes = 0
+        """Bytes of this request's line and complete headers as the parser hands them over: they
+        count also what a read brought after the end of an earlier (pipelined) request."""
+        self._refusal: EdgedError | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -63,17 +67,36 @@ class EdgedProtocol(HttpToolsProtocol):
             # same read (a body, a pipelined request) is not theirs.
             room = self.max_header_bytes - self._header_bytes
             if len(data) > room and HEADERS_END not in self._tail + data[: room + len(HEADERS_END)]:
-                self._refuse(HeadersTooLarge(f"request line and headers are over the limit of "
-                                             f"{self.max_header_bytes} bytes"))
+                self._refuse(self._headers_too_large())
                 return
             self._header_bytes += len(data)
             self._tail = (self._tail + data)[-(len(HEADERS_END) - 1):]
         super().data_received(data)
 
     def send_400_response(self, msg: str) -> None:
-        self._refuse(BadInput(f"malformed HTTP request: {msg}"))
+        self._refuse(self._refusal or BadInput(f"malformed HTTP request: {msg}"))
+
+    def on_url(self, url: bytes) -> None:
+        self._count_header_bytes(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_header_bytes(len(name) + len(value) + 4)  # ": " and CRLF
+        super().on_header(name, value)
+
+    def _count_header_bytes(self, n: int) -> None:
+        self._parsed_header_bytes += n
+        if self._parsed_header_bytes > self.max_header_bytes:
+            # Raised in a parser callback: httptools stops, and uvicorn answers through
+            # send_400_response, which sends this instead.
+            self._refusal = self._headers_too_large()
+            raise self._refusal
+
+    def _headers_too_large(self) -> HeadersTooLarge:
+        return HeadersTooLarge(f"request line and headers are over the limit of {self.max_header_bytes} bytes")
 
     def on_message_begin(self) -> None:
+        self._parsed_header_bytes = 0
         super().on_message_begin()
         self.scope["edged.peer"] = self.peer  # type: ignore[typeddict-unknown-key]
         self._arm_header_timer()

@@ -393,3 +393,17 @@ def test_a_record_with_a_deeply_nested_header_is_dropped_not_raised(tmp_path: Pa
     assert store.get(entry.meta.key) is None
     assert store.stats.corrupt_dropped == 1 and store.count == 0
     store.close()
+
+
+def test_a_cache_directory_others_can_write_is_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Made first by another user in a shared directory, it would let them plant audio. (As root
+    # here, ownership cannot be faked; a lock file others may write stands for it.)
+    settings = CacheSettings(directory=tmp_path / "shared")
+    lock = Layout(tmp_path / "shared").lock
+    lock.parent.mkdir()
+    lock.touch()
+    lock.chmod(0o666)
+    store = DiskStore.open(settings, Generations())
+    assert store.state == "off"
+    assert warnings_logged(caplog, "writable by others") == 1
+    store.close()

@@ -103,3 +103,16 @@ def test_serve_is_the_default_command_and_takes_its_options(tmp_path: Path) -> N
     assert with_default_command(["-v", "--socket", "s"]) == ["-v", "serve", "--socket", "s"]
     assert with_default_command([]) == ["serve"]
     assert with_default_command(["synth", "serve"]) == ["synth", "serve"]
+
+
+def test_synth_to_dev_stdout_writes_where_it_points_without_replacing_it(tmp_path: Path, bundle_dir: Path) -> None:
+    # The shell opened the file to append after other output: ours must follow it, untouched.
+    out = tmp_path / "log.bin"
+    out.write_bytes(b"PREFIX")
+    with open(out, "ab") as appended:
+        result = subprocess.run([sys.executable, "-m", "edged", "synth", "Hi.", "--voice", str(bundle_dir),
+                                 "-o", "/dev/stdout"], stdout=appended, stderr=subprocess.PIPE, timeout=120,
+                                check=False)
+    assert result.returncode == 0, result.stderr
+    data = out.read_bytes()
+    assert data.startswith(b"PREFIXRIFF") and len(data) > 10_000

@@ -84,3 +84,18 @@ def test_a_body_the_daemon_refuses_early_gets_its_413(daemon: Daemon) -> None:
 def test_cache_clear_with_an_empty_filter_is_refused_not_everything(daemon: Daemon) -> None:
     done = edgectl("cache", "clear", "--tag", "", socket_path=daemon.socket)
     assert done.returncode == 1 and b"bad_request" in done.stderr
+
+
+def test_audio_on_standard_output_leaves_what_came_before_it(daemon: Daemon, tmp_path: Path) -> None:
+    # Sizes are put into the WAV header only in a file of edgectl's own: on standard output,
+    # seeking to the header's place would write over the shell's earlier output.
+    out = tmp_path / "both.bin"
+    out.write_bytes(b"PREFIX")
+    with open(out, "r+b") as shared:
+        shared.seek(0, 2)
+        done = subprocess.run([sys.executable, "-c", "import sys; from edged.client import main; sys.exit(main())",
+                               "--socket", str(daemon.socket), "synth", "After a prefix."],
+                              stdout=shared, stderr=subprocess.PIPE, cwd=REPO, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    data = out.read_bytes()
+    assert data.startswith(b"PREFIXRIFF") and len(data) > 22050

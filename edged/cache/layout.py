@@ -59,14 +59,23 @@ class Layout:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 raise CacheDirectoryError(f"{self.directory} is in use by another edged process") from None
+            _require_own(os.fstat(fd), self.lock)
             if self.store.is_dir() and (strangers := _strangers(self.store)):
                 raise CacheDirectoryError(f"{self.store} holds files that are not the cache's "
                                           f"(e.g. {strangers[0]}); not using it")
             faults.private_dir(self.store)
+            _require_own(self.store.stat(), self.store)
         except BaseException:
             os.close(fd)
             raise
         return fd
+
+
+def _require_own(info: os.stat_result, path: Path) -> None:
+    """In a shared directory another user could have made `audio/` (or the lock) first, writable
+    by them: they could then plant or delete cached audio."""
+    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise CacheDirectoryError(f"{path} belongs to another user or is writable by others; not using it")
 
 
 def _strangers(store: Path) -> list[str]:
