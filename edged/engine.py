@@ -145,8 +145,8 @@ class Voice:
 
         `throughput` plans the largest windows from the start, for when first audio matters less
         than throughput (requests queue behind this one, or it is a background synthesis): the
-        small first window pays for its context again, which made a 1 s prompt cost ~20% more in
-        all (tools.bench's short text, 61 against 50 ms in process). The fixed-shape mode keeps
+        small first window pays for its context again, which made a 1 s prompt cost ~30% more in
+        all (tools.bench's short text, 51 against 39 ms in process). The fixed-shape mode keeps
         its one shape anyway.
         """
         streaming = self.manifest.streaming
