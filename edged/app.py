@@ -187,8 +187,7 @@ class App:
         started = time.perf_counter()
         body = synthesize_body(await self._json(scope, receive), self.settings.limits.max_text_chars)
         info = self.daemon.registry.info(body.voice or self.settings.voices.default)
-        request = SynthesisRequest(body.text, info.voice_id, info.version, info.precision, info.sample_rate,
-                                   body.speed, body.format)
+        request = info.request(body.text, body.speed, body.format)
         await self._stream_audio(receive, send, request, "/v1/synthesize", started, body.tag)
 
     async def speech(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -196,8 +195,7 @@ class App:
         started = time.perf_counter()
         body = speech_body(await self._json(scope, receive), self.settings.limits.max_text_chars)
         info = self.daemon.registry.info(self._openai_voice(body.voice))
-        request = SynthesisRequest(body.input, info.voice_id, info.version, info.precision, info.sample_rate,
-                                   body.speed, body.response_format)
+        request = info.request(body.input, body.speed, body.response_format)
         await self._stream_audio(receive, send, request, "/v1/audio/speech", started)
 
     def _openai_voice(self, name: str) -> str:
@@ -251,8 +249,7 @@ class App:
                 return
             if request.format == "wav":  # with the first audio: a client's first bytes hold sound
                 # A cache hit knows its length; a synthesis gets the streaming header.
-                size = getattr(chunks, "known_size", None)
-                first = wav_header(request.sample_rate, *([] if size is None else [size])) + first
+                first = wav_header(request.sample_rate, getattr(chunks, "known_size", None)) + first
             headers = [
                 (b"content-type", CONTENT_TYPES[request.format]),
                 (b"x-edged-sample-rate", str(request.sample_rate).encode()),

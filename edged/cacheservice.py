@@ -154,8 +154,7 @@ class CacheService:
         if len(phrase.text) > self.max_text_chars:
             raise TextTooLong(f"phrase of {len(phrase.text)} characters, over the limit of {self.max_text_chars}")
         info = self.registry.info(phrase.voice or self.default_voice)
-        request = SynthesisRequest(phrase.text, info.voice_id, info.version, info.precision, info.sample_rate,
-                                   1.0, "pcm")
+        request = info.request(phrase.text, 1.0, CACHED_FORMAT)
         key, background = _key(request), Background()
 
         async def in_background() -> AsyncIterator[bytes]:

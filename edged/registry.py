@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from .bundle import MANIFEST_NAME, read_manifest
 from .config import VoiceSettings
 from .errors import EdgedError, NotReady, UnknownVoice
-from .pipeline import lower_thread_priority
+from .messages import AudioFormat
+from .pipeline import SynthesisRequest, lower_thread_priority
 from .voices import bundle_by_id, voice_dirs
 
 if TYPE_CHECKING:
@@ -39,6 +40,10 @@ class VoiceInfo:
     sample_rate: int
     """Hz."""
     bundle_dir: Path
+
+    def request(self, text: str, speed: float, format: AudioFormat) -> SynthesisRequest:
+        """A synthesis of `text` by this voice, as it is installed and loaded."""
+        return SynthesisRequest(text, self.voice_id, self.version, self.precision, self.sample_rate, speed, format)
 
 
 class VoiceRegistry:

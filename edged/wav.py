@@ -9,9 +9,13 @@ STREAMING_SIZE = 0xFFFFFFFF
 """Size field of a header written before the audio's length is known (what ffmpeg and sox do)."""
 
 
-def wav_header(sample_rate: int, data_bytes: int = STREAMING_SIZE) -> bytes:
-    """RIFF/WAVE header for 16-bit mono PCM; `data_bytes` left at the maximum when streaming."""
-    riff_size = STREAMING_SIZE if data_bytes == STREAMING_SIZE else 36 + data_bytes
+def wav_header(sample_rate: int, data_bytes: int | None = None) -> bytes:
+    """RIFF/WAVE header for 16-bit mono PCM; `data_bytes` None (not known yet) writes the
+    streaming header's maximum sizes."""
+    if data_bytes is None:
+        riff_size = data_bytes = STREAMING_SIZE
+    else:
+        riff_size = 36 + data_bytes
     return (
         b"RIFF" + struct.pack("<I", riff_size) + b"WAVE"
         + b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
+
+from edged.config import PipelineSettings
 from edged.engine import Voice
-from edged.pipeline import SynthesisRequest
+from edged.pipeline import Pipeline, SynthesisRequest
 
 
 class Loaded:
@@ -18,3 +21,13 @@ class Loaded:
 
 def request_for(voice: Voice, text: str) -> SynthesisRequest:
     return SynthesisRequest(text, voice.voice_id, voice.manifest.version, voice.precision, voice.sample_rate)
+
+
+async def slot_held(voice: Voice, queue_size: int, text: str = "Your timer is done.",
+                    ) -> tuple[Pipeline, AsyncGenerator[bytes, None]]:
+    """A pipeline with one admission slot, held by a live synthesis of `text` that has yielded its
+    first chunk (and holds the slot until it is closed)."""
+    pipeline = Pipeline(PipelineSettings(max_active=1, queue_size=queue_size), Loaded(voice))
+    holder = pipeline.synthesize_stream(request_for(voice, text))
+    await anext(holder)
+    return pipeline, holder

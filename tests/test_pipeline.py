@@ -7,12 +7,12 @@ import threading
 from collections.abc import AsyncIterator
 
 import pytest
-from pipeline_helpers import Loaded, request_for
+from pipeline_helpers import request_for, slot_held
 
-from edged.config import PipelineSettings, StageSettings
+from edged.config import StageSettings
 from edged.engine import Voice
 from edged.errors import Busy, StageTimeout
-from edged.pipeline import Admission, Pipeline, Stage
+from edged.pipeline import Admission, Stage
 from edged.preemption import Background
 
 
@@ -89,9 +89,7 @@ def test_requests_planned_while_others_queue_are_decoded_for_throughput(voice: V
         return [chunk async for chunk in stream]
 
     async def scenario() -> None:
-        pipeline = Pipeline(PipelineSettings(max_active=1, queue_size=2), Loaded(voice))
-        holder = pipeline.synthesize_stream(request_for(voice, text))
-        await anext(holder)  # holds the only slot
+        pipeline, holder = await slot_held(voice, queue_size=2, text=text)
         queued_first = asyncio.create_task(chunks(pipeline.synthesize_stream(request_for(voice, text))))
         queued_last = asyncio.create_task(chunks(pipeline.synthesize_stream(request_for(voice, text))))
         while pipeline.admission.waiting < 2:
@@ -111,9 +109,7 @@ def test_requests_planned_while_others_queue_are_decoded_for_throughput(voice: V
 
 def test_a_request_given_up_while_queued_is_counted_as_cancelled(voice: Voice) -> None:
     async def scenario() -> None:
-        pipeline = Pipeline(PipelineSettings(max_active=1, queue_size=2), Loaded(voice))
-        holder = pipeline.synthesize_stream(request_for(voice, "Your timer is done."))
-        await anext(holder)  # holds the only slot
+        pipeline, holder = await slot_held(voice, queue_size=2)
         queued = asyncio.create_task(anext(pipeline.synthesize_stream(request_for(voice, "Queued."))))
         while pipeline.admission.waiting < 1:
             await asyncio.sleep(0.001)

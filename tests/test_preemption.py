@@ -7,12 +7,12 @@ import threading
 import time
 
 import pytest
-from pipeline_helpers import Loaded, request_for
+from pipeline_helpers import request_for, slot_held
 
-from edged.config import PipelineSettings, StageSettings
+from edged.config import StageSettings
 from edged.engine import SynthesisParams, Voice
 from edged.errors import BadInput
-from edged.pipeline import Pipeline, Stage
+from edged.pipeline import Stage
 from edged.preemption import Background, Preemption
 from edged.windows import Window
 
@@ -79,9 +79,7 @@ def test_an_error_of_edged_is_not_taken_for_a_stop() -> None:
 
 def test_background_synthesis_takes_no_slot_and_waits_for_live_ones(voice: Voice) -> None:
     async def scenario() -> None:
-        pipeline = Pipeline(PipelineSettings(max_active=1, queue_size=0), Loaded(voice))
-        live = pipeline.synthesize_stream(request_for(voice, "Your timer is done."))
-        await anext(live)  # holds the only admission slot
+        pipeline, live = await slot_held(voice, queue_size=0)
         background_chunks: list[bytes] = []
 
         async def run_background() -> None:
@@ -104,9 +102,7 @@ def test_background_synthesis_takes_no_slot_and_waits_for_live_ones(voice: Voice
 
 def test_a_promoted_background_synthesis_runs_while_live_ones_do(voice: Voice) -> None:
     async def scenario() -> None:
-        pipeline = Pipeline(PipelineSettings(max_active=1, queue_size=0), Loaded(voice))
-        live = pipeline.synthesize_stream(request_for(voice, LONG))
-        await anext(live)  # a live synthesis is about (and stays so until it is closed)
+        pipeline, live = await slot_held(voice, queue_size=0, text=LONG)
         background = Background()
         chunks: list[bytes] = []
 
