@@ -170,7 +170,9 @@ class CacheService:
                 del self._warming[key.digest]
 
         for _attempt in range(WARM_JOIN_ATTEMPTS):
-            stream = await self.cache.stream(key, in_background, sample_rate=request.sample_rate)
+            # Not counted: the hit ratio is the requests' (warm-up's own figures are in self.warm).
+            stream = await self.cache.stream(key, in_background, sample_rate=request.sample_rate,
+                                             counted=False)
             try:
                 async with stream:
                     async for _ in stream:

@@ -119,12 +119,19 @@ def test_concurrent_identical_requests_are_synthesized_once(cached: Daemon) -> N
 
 def test_warm_up_fills_the_cache_and_reports_progress(cached: Daemon) -> None:
     phrases = ["Warm phrase one.", {"text": "Warm phrase two."}]
+    lookups = ("memory_hits", "memory_misses", "disk_hits", "disk_misses", "joined")
+    before = cached.status()["cache"]
     reply = cached.request("POST", "/v1/cache/warm", {"phrases": phrases})
     assert reply.status == 202 and reply.json()["queued"] == 2
     target = reply.json()["warm"]["total"]
     wait_for(lambda: cached.status()["cache"]["warm"]["done"] >= target, timeout=30)
+    warmed = cached.status()["cache"]
+    # The hit ratio is the requests': warm-up's own lookups are not counted in it.
+    assert {k: warmed[k] for k in lookups} == {k: before[k] for k in lookups}
+    assert warmed["warm"]["synthesized"] - before["warm"]["synthesized"] == 2
     for text in ("Warm phrase one.", "Warm phrase two."):
         assert _synth(cached, text).headers["x-edged-cache"] == "hit"
+    assert cached.status()["cache"]["memory_hits"] == warmed["memory_hits"] + 2
     metrics = cached.get("/metrics").body.decode()
     assert f"edged_cache_warm_done {float(target)}" in metrics
     assert 'edged_cache_lookups_total{result="hit",tier="memory"}' in metrics

@@ -138,10 +138,11 @@ class AudioCache:
     # -- the request path --------------------------------------------------------------------
 
     async def stream(self, key: CacheKey, producer: Producer, *, sample_rate: int,
-                     tag: str | None = None) -> AudioStream:
+                     tag: str | None = None, counted: bool = True) -> AudioStream:
         """Audio for `key`: from memory or disk ("hit"), from a synthesis already under way for the
         same key ("joined"), or from `producer()` ("miss"), streamed as it is produced. A miss is
         stored only if the producer ends without error and without every reader leaving.
+        `counted=False` (warm-up) leaves the hit, miss and join counts to requests.
 
         The caller must close the returned stream (`async with stream:`)."""
         if self._closed:
@@ -150,11 +151,11 @@ class AudioCache:
         entry = self._memory.get(digest)
         if entry is not None:
             if self._fresh(entry.meta, time.time()):
-                self._counters.memory_hits += 1
+                self._counters.memory_hits += counted
                 self._touch_if_due(digest)
                 return Flight.complete(entry.audio, self.settings.chunk_bytes).join("hit")
             self._drop(digest)
-        self._counters.memory_misses += 1
+        self._counters.memory_misses += counted
 
         flight = self._flights.get(digest)
         # As for a hit: a flight may be joined while nothing it will be stored under (its creator's
@@ -167,7 +168,7 @@ class AudioCache:
             self._flights[digest] = flight
             stream = flight.join()
             flight.task = asyncio.get_running_loop().create_task(
-                self._fill(flight, key, producer, sample_rate, tag))
+                self._fill(flight, key, producer, sample_rate, tag, counted))
         else:
             assert flight is not None
             stream = flight.join()
@@ -180,15 +181,15 @@ class AudioCache:
             stream.status = "hit" if status == "hit" else "miss"
         else:
             stream.status = "joined"
-            self._counters.joined += 1
+            self._counters.joined += counted
         return stream
 
     async def _fill(self, flight: Flight, key: CacheKey, producer: Producer, sample_rate: int,
-                    tag: str | None) -> None:
+                    tag: str | None, counted: bool) -> None:
         digest = key.digest
         try:
             if self._disk_readable():
-                entry = await self._read(self.disk.get, digest)  # type: ignore[union-attr]
+                entry = await self._read(self.disk.get, digest, counted)  # type: ignore[union-attr]
                 if entry is not None and self._fresh(entry.meta, time.time()):
                     self._remember(entry)
                     self._write(self.disk.touch, digest)  # type: ignore[union-attr]

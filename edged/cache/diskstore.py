@@ -250,8 +250,9 @@ class DiskStore:
 
     # -- reads ---------------------------------------------------------------------------------
 
-    def get(self, digest: str) -> record.CachedAudio | None:
-        """The verified entry, or None. A row that fails to parse or its checksum is deleted."""
+    def get(self, digest: str, counted: bool = True) -> record.CachedAudio | None:
+        """The verified entry, or None. A row that fails to parse or its checksum is deleted.
+        `counted=False` leaves it out of the hit and miss counts."""
         cache = self._cache
         if cache is None:
             return None
@@ -265,7 +266,7 @@ class DiskStore:
         except diskcache.Timeout:
             return None
         if blob is None:
-            self.stats.misses += 1
+            self.stats.misses += counted
             return None
         try:
             entry = record.decode(blob, digest)
@@ -274,7 +275,7 @@ class DiskStore:
             self._log_once("corrupt-entry", "dropping corrupt cache entry %s: %s", digest, error)
             self.delete(digest)
             return None
-        self.stats.hits += 1
+        self.stats.hits += counted
         return entry
 
     # -- writes (the facade runs these on its single writer thread) ----------------------------
