@@ -74,10 +74,19 @@ class UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
+def _json_bytes(body: Any) -> bytes:
+    """UTF-8, not \\u escapes: an emoji is 4 bytes instead of 12 (the daemon limits bytes too).
+    Lone surrogates (from arguments that were not UTF-8) are escaped, for the daemon to refuse."""
+    try:
+        return json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(body).encode("ascii")
+
+
 def request(path: Path, method: str, url: str, body: Any = None) -> http.client.HTTPResponse:
     """Send one request; raise DaemonError for an error status (the body is consumed then)."""
     connection = UnixConnection(path)
-    data = None if body is None else json.dumps(body).encode("utf-8")
+    data = None if body is None else _json_bytes(body)
     headers = {"Content-Type": "application/json"} if data is not None else {}
     try:
         try:

@@ -67,8 +67,10 @@ class AudioOutput:
         self.written += len(data)
 
     def finish_wav(self) -> None:
-        if self.own_file and self.written >= 44:
-            write_sizes(self._file, self.written - 44)
+        if self.own_file and self.written >= 44 and not write_sizes(self._file, self.written - 44):
+            # Over 4 GiB: players read a streaming header to the end of the file.
+            print(f"note: {self.name} is too long for a WAV header's sizes; they are left as "
+                  "for a stream", file=sys.stderr)
 
 
 def check_writable(path: Path) -> None:

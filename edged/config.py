@@ -61,8 +61,9 @@ class ServerSettings:
 class LimitSettings:
     max_text_chars: int = 100_000
     """Longer text is refused with 413."""
-    max_body_bytes: int = 1_048_576
-    """Request bodies over this are refused with 413 (room for max_text_chars of escaped JSON)."""
+    max_body_bytes: int = 1_310_720
+    """Request bodies over this are refused with 413: room for max_text_chars characters even if a
+    client escapes each as a JSON surrogate pair (12 bytes, as Python's json.dumps does for emoji)."""
     max_header_bytes: int = 16_384
     """A request line and headers over this are refused with 431 and the connection closed
     (the HTTP parser itself has no limit)."""

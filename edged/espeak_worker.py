@@ -3,8 +3,9 @@
 espeak-ng (inside piper-tts's phonemizer) segfaults on some texts: long runs of dotted letters,
 long words made of a repeated suffix ("nessnessness..."), and who knows what else. A child process
 runs piper-tts's EspeakPhonemizer; this process sends it one block of text at a time and gets back
-the phonemes of each sentence. If the child dies or stalls on a text, that text is refused
-(BadInput) and the next call starts a new child.
+the phonemes of each sentence. If the child crashes or stalls on a text, that text is refused
+(BadInput) and the next call starts a new child; a child killed from outside while it reads (the
+OOM killer) is replaced and the text asked again.
 
 The child imports piper-tts's phonemizer module without the piper package's __init__, which would
 load numpy and onnxruntime (~100 ms and ~24 MB) that phonemizing does not need.
@@ -26,7 +27,7 @@ import threading
 import time
 from typing import IO, Any
 
-from .errors import BadInput
+from .errors import BadInput, NotReady
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,10 @@ BLOCK_TIMEOUT_S = 2.0
 """Longest time one block of text may take: espeak-ng needs ~4 ms for a block (2,000 characters),
 ~0.2 s for the slowest found by fuzzing. Well under the text stage's timeout (5 s by default), so
 that a stalled text gets its own 400, not a stage timeout for it and for the requests behind it."""
+
+
+CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, signal.SIGILL})
+"""Signals by which espeak-ng itself fails on a text; any other death (SIGKILL) came from outside."""
 
 
 class EspeakProcess:
@@ -54,28 +59,44 @@ class EspeakProcess:
     def phonemize(self, voice: str, text: str) -> list[list[str]]:
         """Phonemes (characters) of each sentence of `text`, as piper-tts's phonemizer gives them."""
         with self._lock:
-            child = self._running()
-            assert child.stdin is not None and child.stdout is not None
-            try:
-                child.stdin.write(json.dumps({"voice": voice, "text": text}).encode("ascii") + b"\n")
-                child.stdin.flush()
-                line = _read_line(child.stdout, time.monotonic() + self.timeout_s)
-            except BrokenPipeError:
-                line = b""
+            line, died_of = self._ask(voice, text)
+            if line == b"" and died_of not in CRASH_SIGNALS:
+                # Killed from outside mid-text (the OOM killer, an operator): not the text's doing.
+                line, died_of = self._ask(voice, text)
+                if line == b"" and died_of not in CRASH_SIGNALS:
+                    raise NotReady("espeak-ng, which reads the text, was killed twice while reading it; "
+                                   "try again")
             if line is None:
-                self._lose(child, "stalled on a text")
                 raise BadInput(f"espeak-ng took over {self.timeout_s:g} s to read this text; it was not spoken")
             if not line:
-                self._lose(child, "died on a text")
                 raise BadInput("espeak-ng, which reads the text, crashed on it; it was not spoken")
             try:
                 reply: dict[str, Any] = json.loads(line)
             except ValueError:  # out of step with us: its next line could answer another text
-                self._lose(child, "answered out of protocol")
+                self._lose(self._child, "answered out of protocol")  # type: ignore[arg-type]
                 raise BadInput("espeak-ng failed on this text; it was not spoken") from None
         if "error" in reply:
             raise BadInput(f"espeak-ng could not read the text: {reply['error']}")
         return reply["sentences"]  # type: ignore[no-any-return]
+
+    def _ask(self, voice: str, text: str) -> tuple[bytes | None, int | None]:
+        """The child's reply line: b"" if it died (and the signal that killed it), None if it stalled.
+        A child that died or stalled is replaced by the next call."""
+        child = self._running()
+        assert child.stdin is not None and child.stdout is not None
+        try:
+            child.stdin.write(json.dumps({"voice": voice, "text": text}).encode("ascii") + b"\n")
+            child.stdin.flush()
+            line = _read_line(child.stdout, time.monotonic() + self.timeout_s)
+        except BrokenPipeError:
+            line = b""
+        if line is None:
+            self._lose(child, "stalled on a text")
+        elif not line:
+            self._lose(child, "died on a text")
+            if child.returncode is not None and child.returncode < 0:
+                return line, -child.returncode
+        return line, None
 
     def close(self) -> None:
         with self._lock:

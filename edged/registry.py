@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .bundle import MANIFEST_NAME, read_manifest
+from .cache.key import normalize_text
 from .config import VoiceSettings
 from .errors import EdgedError, NotReady, UnknownVoice
 from .messages import AudioFormat
@@ -42,8 +43,11 @@ class VoiceInfo:
     bundle_dir: Path
 
     def request(self, text: str, speed: float, format: AudioFormat) -> SynthesisRequest:
-        """A synthesis of `text` by this voice, as it is installed and loaded."""
-        return SynthesisRequest(text, self.voice_id, self.version, self.precision, self.sample_rate, speed, format)
+        """A synthesis of `text` by this voice, as it is installed and loaded. The text is the
+        cache key's (whitespace normalized), so that what is spoken is what the key stands for:
+        long text is cut into blocks by length, and raw runs of spaces could move a cut."""
+        return SynthesisRequest(normalize_text(text), self.voice_id, self.version, self.precision,
+                                self.sample_rate, speed, format)
 
 
 class VoiceRegistry:

@@ -23,9 +23,17 @@ def wav_header(sample_rate: int, data_bytes: int | None = None) -> bytes:
     )
 
 
-def write_sizes(wav: BinaryIO, data_bytes: int) -> None:
-    """Put the real sizes into a header written as streaming, once the audio is complete."""
+MAX_DATA_BYTES = STREAMING_SIZE - 36
+"""The most audio (~27 hours at 22,050 Hz) whose size a WAV header can hold."""
+
+
+def write_sizes(wav: BinaryIO, data_bytes: int) -> bool:
+    """Put the real sizes into a header written as streaming, once the audio is complete.
+    False (and the streaming sizes left) if they do not fit the header's 32-bit fields."""
+    if data_bytes > MAX_DATA_BYTES:
+        return False
     wav.seek(4)
     wav.write(struct.pack("<I", 36 + data_bytes))
     wav.seek(40)
     wav.write(struct.pack("<I", data_bytes))
+    return True

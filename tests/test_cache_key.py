@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from edged.cache import CacheKey, normalize_text
@@ -79,3 +81,15 @@ def test_fields_cannot_run_into_each_other() -> None:
 
 def test_lone_surrogates_do_not_break_the_key() -> None:
     assert len(CacheKey.make("bad \ud800 text", "v", "1").digest) == 64
+
+
+def test_the_text_synthesized_is_the_text_the_key_stands_for() -> None:
+    # Long text is cut into blocks by length: synthesizing the raw text, runs of spaces could move
+    # a cut, and two requests with one key would get different audio.
+    from edged.registry import VoiceInfo
+
+    info = VoiceInfo("en_US-joe-medium", "1.0.0", "int8", 22050, Path("."))
+    raw = "  word   and\tword  " * 200 + "\n\n\n  end  "
+    request = info.request(raw, 1.0, "wav")
+    assert request.text == normalize_text(raw) == CacheKey.make(raw, "v", "1", 1.0, "pcm", "int8").text
+    assert "  " not in request.text and request.text.endswith("\n\nend")

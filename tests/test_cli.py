@@ -116,3 +116,18 @@ def test_synth_to_dev_stdout_writes_where_it_points_without_replacing_it(tmp_pat
     assert result.returncode == 0, result.stderr
     data = out.read_bytes()
     assert data.startswith(b"PREFIXRIFF") and len(data) > 10_000
+
+
+def test_a_wav_too_long_for_its_header_keeps_the_streaming_sizes(tmp_path: Path, capsys) -> None:
+    # Past 4 GiB of audio (~27 h) the sizes do not fit the header's 32-bit fields: the file is
+    # kept, with the streaming header's sizes, rather than lost to an error after hours of work.
+    from edged.cliio import open_output
+    from edged.wav import wav_header
+
+    out = tmp_path / "long.wav"
+    with open_output(out) as output:
+        output.write(wav_header(22050) + b"\0" * 100)
+        output.written = 44 + 2**32  # as after 4 GiB of audio, without writing them here
+        output.finish_wav()
+    assert out.read_bytes()[:44] == wav_header(22050)
+    assert "too long for a WAV header" in capsys.readouterr().err

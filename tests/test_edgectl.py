@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from daemon_harness import REPO, Daemon
@@ -99,3 +100,38 @@ def test_audio_on_standard_output_leaves_what_came_before_it(daemon: Daemon, tmp
     assert done.returncode == 0, done.stderr
     data = out.read_bytes()
     assert data.startswith(b"PREFIXRIFF") and len(data) > 22050
+
+
+def test_text_is_sent_as_utf8_not_escapes(tmp_path: Path) -> None:
+    # An emoji escaped by json.dumps takes 12 bytes; text near the daemon's limits would then be
+    # refused for its body size. A listener of the test's own records what edgectl sends.
+    path = tmp_path / "listener.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+    received: list[bytes] = []
+
+    def answer_once() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += connection.recv(65536)
+            head, body = data.split(b"\r\n\r\n", 1)
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length")))
+            while len(body) < length:
+                body += connection.recv(65536)
+            received.append(body)
+            error = b'{"error": {"code": "bad_request", "message": "seen"}}'
+            connection.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
+                               b"Content-Length: " + str(len(error)).encode() + b"\r\n\r\n" + error)
+
+    thread = threading.Thread(target=answer_once)
+    thread.start()
+    done = edgectl("synth", "\U0001F600 caf\u00e9", "-o", str(tmp_path / "x.wav"), socket_path=path)
+    thread.join(30)
+    listener.close()
+    assert done.returncode == 1 and b"seen" in done.stderr
+    assert json.loads(received[0])["text"] == "\U0001F600 caf\u00e9"
+    assert "\U0001F600".encode() in received[0] and b"\\u" not in received[0]

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from edged.errors import BadInput
+from edged.errors import BadInput, NotReady
 from edged.espeak_worker import EspeakProcess
 
 CRASHES_ESPEAK = "esness" + "ness" * 70
@@ -73,3 +75,55 @@ def test_the_child_outlives_a_sigterm_to_the_whole_service(espeak: EspeakProcess
     os.kill(child.pid, signal.SIGTERM)
     time.sleep(0.2)
     assert espeak.phonemize("en-us", "Still here.") and espeak._child is child and espeak.restarts == 0
+
+
+def _kill_mid_text(espeak: EspeakProcess, text: str) -> tuple[list, list]:
+    """Ask for `text` with the child stopped, SIGKILL it while the call waits: (results, errors)."""
+    espeak.timeout_s = 30.0
+    child = espeak._child
+    assert child is not None
+    os.kill(child.pid, signal.SIGSTOP)
+    results: list = []
+    errors: list = []
+
+    def ask() -> None:
+        try:
+            results.append(espeak.phonemize("en-us", text))
+        except Exception as exc:  # noqa: BLE001 (the test looks at it)
+            errors.append(exc)
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    time.sleep(0.3)  # the call has written its text and waits for the reply
+    os.kill(child.pid, signal.SIGKILL)
+    thread.join(30)
+    return results, errors
+
+
+def test_a_child_killed_from_outside_mid_text_is_replaced_and_the_text_read(espeak: EspeakProcess) -> None:
+    # The OOM killer or an operator, not the text: the caller must not get a 400 for it.
+    before = espeak.phonemize("en-us", "The water is warm.")
+    results, errors = _kill_mid_text(espeak, "The water is warm.")
+    assert errors == [] and results == [before]
+    assert espeak.restarts == 1
+
+
+def test_a_text_that_crashes_espeak_is_not_asked_twice(espeak: EspeakProcess) -> None:
+    espeak.phonemize("en-us", "Hello.")
+    with pytest.raises(BadInput, match="crashed"):
+        espeak.phonemize("en-us", CRASHES_ESPEAK)
+    assert espeak.restarts == 1  # SIGSEGV is the text's doing: no second child for it
+    # A child killed again on the second try: 503, try later (still not the text's fault).
+    espeak.timeout_s = 30.0
+    running = espeak._running
+
+    def stopped_then_killed() -> subprocess.Popen[bytes]:
+        child = running()
+        os.kill(child.pid, signal.SIGSTOP)
+        threading.Timer(0.2, os.kill, (child.pid, signal.SIGKILL)).start()
+        return child
+
+    espeak._running = stopped_then_killed  # type: ignore[method-assign]
+    with pytest.raises(NotReady, match="killed twice"):
+        espeak.phonemize("en-us", "Hello.")
+    assert espeak.restarts == 3
