@@ -62,8 +62,8 @@ class UnixConnection(http.client.HTTPConnection):
                                     "(start it with `edged serve` or `systemctl start edged`)") from None
         except ConnectionRefusedError:
             sock.close()
-            raise DaemonUnreachable(f"edged is not running: {self.path} refuses connections "
-                                    "(a stale socket left by a daemon that stopped?)") from None
+            raise DaemonUnreachable(f"edged is not answering: {self.path} refuses connections "
+                                    "(the daemon is stopping, or stopped and left its socket)") from None
         except PermissionError:
             sock.close()
             raise DaemonUnreachable(f"no permission to use {self.path} "
@@ -101,16 +101,16 @@ def request(path: Path, method: str, url: str, body: Any = None) -> http.client.
         try:
             error = json.loads(raw)["error"]
             raise DaemonError(response.status, error["code"], error["message"])
-        except (ValueError, KeyError, TypeError):
-            raise DaemonError(response.status, "http", raw.decode("utf-8", "replace").strip()) from None
+        except (ValueError, KeyError, TypeError, RecursionError):
+            raise DaemonError(response.status, "http", raw.decode("utf-8", "replace").strip()[:500]) from None
     return response
 
 
-def get_json(path: Path, url: str, method: str = "GET") -> Any:
-    raw = request(path, method, url).read()
+def get_json(path: Path, url: str, method: str = "GET", body: Any = None) -> Any:
+    raw = request(path, method, url, body).read()
     try:
         return json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise UnexpectedAnswer(f"{url} did not answer JSON: {raw[:200]!r}") from None
 
 
@@ -205,7 +205,7 @@ def _cache_warm(args: argparse.Namespace) -> int:
         return 2
     phrases = parse_phrase_lines(text)
     body = {"phrases": [{"text": p.text, **({"voice": p.voice} if p.voice else {})} for p in phrases]}
-    answer = json.loads(request(args.socket, "POST", "/v1/cache/warm", body).read())
+    answer = get_json(args.socket, "/v1/cache/warm", "POST", body)
     queued, target = answer["queued"], answer["warm"]["total"]
     start = target - queued  # progress of the daemon's warm-up before ours
     tty = sys.stderr.isatty()

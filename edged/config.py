@@ -37,7 +37,8 @@ class ServerSettings:
     """Permissions of the socket file: owner and group may connect."""
     max_connections: int = 64
     """Requests on connections beyond this many (or beyond this many requests in progress) are
-    answered 503 busy at once: a bound on what a flood of clients can hold."""
+    answered 503 busy at once: a bound on what a flood of clients can hold. Past 4 times this
+    many open connections, the oldest idle one (or else the new one) is closed."""
     header_timeout_s: float = 10.0
     """A connection that has not sent complete request headers within this time is closed."""
     body_timeout_s: float = 10.0

@@ -30,6 +30,9 @@ from .metrics import Metrics
 log = logging.getLogger(__name__)
 
 HEADERS_END = b"\r\n\r\n"
+OPEN_CONNECTIONS_PER_LIMIT = 4
+"""Open connections allowed per `max_connections`: room for monitoring and for clients that
+come and go, far below any file-descriptor limit."""
 
 
 class EdgedProtocol(HttpToolsProtocol):
@@ -38,11 +41,18 @@ class EdgedProtocol(HttpToolsProtocol):
       headers is closed after `header_timeout_s`, so it holds a connection for a bounded time;
     - a cap on the bytes of a request line and headers (httptools buffers them without limit):
       past `max_header_bytes`, a JSON 431 and the connection closed;
-    - the contract's JSON error for a request the parser rejects, instead of plain text.
+    - the contract's JSON error for a request the parser rejects, instead of plain text;
+    - a cap on open connections (`max_open`), so that clients holding sockets cannot use up the
+      daemon's file descriptors: past it the oldest connection with no request under way (idle,
+      or still sending its headers) is closed to make room, else the new one is. Monitoring
+      still gets in past a crowd of idle sockets. (The app answers 503 busy past the lower
+      `max_connections`, which still costs a descriptor per client.)
     No client blocks another either way: each connection is served independently by the loop."""
 
-    def __init__(self, *args: Any, header_timeout_s: float, max_header_bytes: int, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, header_timeout_s: float, max_header_bytes: int, max_open: int,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.max_open = max_open
         self.header_timeout_s = header_timeout_s
         self.max_header_bytes = max_header_bytes
         self._header_timer: asyncio.TimerHandle | None = None
@@ -58,6 +68,11 @@ class EdgedProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.opened_at = self.loop.time()
+        if len(self.server_state.connections) > self.max_open and not self._close_oldest_idle():
+            log.debug("closing a new connection: %d are open, all busy", self.max_open)
+            transport.abort()
+            return
         self.peer = peer_credentials(transport)
         self._arm_header_timer()
 
@@ -120,6 +135,15 @@ class EdgedProtocol(HttpToolsProtocol):
             f"HTTP/1.1 {status.value} {status.phrase}\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode() + body)
         self.transport.close()
+
+    def _close_oldest_idle(self) -> bool:
+        idle = [c for c in self.server_state.connections
+                if isinstance(c, EdgedProtocol) and c is not self and not c.transport.is_closing()
+                and (c.cycle is None or c.cycle.response_complete)]
+        if not idle:
+            return False
+        min(idle, key=lambda c: c.opened_at).transport.abort()
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()
@@ -215,6 +239,7 @@ async def start_http(daemon: Daemon, sock: socket.socket) -> HttpServer:
     logging.getLogger("uvicorn.error").addFilter(_IntendedCutOff())
     factory = functools.partial(EdgedProtocol, config=config, server_state=state, app_state={},
                                 header_timeout_s=settings.header_timeout_s,
-                                max_header_bytes=daemon.settings.limits.max_header_bytes)
+                                max_header_bytes=daemon.settings.limits.max_header_bytes,
+                                max_open=OPEN_CONNECTIONS_PER_LIMIT * limit)
     server = await asyncio.get_running_loop().create_server(factory, sock=sock)
     return HttpServer(server, state, metrics)

@@ -18,6 +18,7 @@ import fcntl
 import functools
 import logging
 import os
+import resource
 import signal
 import socket
 import stat
@@ -26,11 +27,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from .config import Settings, load_settings, socket_path
 from .daemon import Daemon, State
 from .errors import AlreadyRunning, ConfigError
+
+if TYPE_CHECKING:
+    from .httpserver import HttpServer  # imported while the voices load (see _run)
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +44,8 @@ M_ARENA_MAX = -8
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 MAX_SOCKET_PATH = 107
 """Bytes of a Unix socket's path (sun_path is 108, with the terminating NUL)."""
+MIN_WATCHDOG_INTERVAL_S = 0.05
+"""Pings no closer than this, whatever WATCHDOG_USEC says (1 µs would ping on every loop turn)."""
 
 
 @dataclass
@@ -76,6 +82,7 @@ def _serve(config_file: Path | None, socket_path: Path | None, early_stop: threa
     if logging.getLogger().level > logging.INFO:
         logging.getLogger("edged").setLevel(logging.INFO)
     _limit_malloc_arenas(settings.server.malloc_arenas)  # before any thread starts
+    _raise_open_files_limit()
     listener = open_listener(settings)
     daemon = Daemon(settings)
     try:
@@ -184,7 +191,7 @@ async def _run(daemon: Daemon, listener: Listener, early_stop: threading.Event) 
             await stopping
         daemon.set_state(State.DRAINING)
         notify("STOPPING=1")
-        await http.drain(daemon.settings.server.drain_timeout_s)
+        await _drain(http, daemon.settings.server.drain_timeout_s, stop)
     finally:
         await daemon.close_cache()  # after the drain: its queued disk writes are flushed
         ready.cancel()
@@ -195,6 +202,32 @@ async def _run(daemon: Daemon, listener: Listener, early_stop: threading.Event) 
         http.close()
         daemon.set_state(State.STOPPED)
     return exit_code
+
+
+async def _drain(http: HttpServer, timeout_s: float, stop: asyncio.Event) -> None:
+    """Let running requests finish within `timeout_s`; a second stop signal cuts it short."""
+    stop.clear()
+    draining = asyncio.create_task(http.drain(timeout_s))
+    again = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({draining, again}, return_when=asyncio.FIRST_COMPLETED)
+        if not draining.done():
+            log.warning("second stop signal: not waiting for running requests")
+            draining.cancel()
+            await asyncio.gather(draining, return_exceptions=True)
+            await http.drain(0)
+    finally:
+        again.cancel()
+
+
+def _raise_open_files_limit() -> None:
+    """Soft RLIMIT_NOFILE up to the hard one (systemd's default soft limit is 1024): with the
+    connection cap (edged.httpserver) the daemon's own files, cache and espeak-ng pipes among
+    them, cannot run out because clients hold sockets."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _limit_malloc_arenas(arenas: int) -> None:
@@ -215,23 +248,27 @@ def _notifier() -> Callable[[str], None]:
         return lambda message: None
     from systemd import daemon as sd
 
-    return functools.partial(_notify, sd.notify)
+    return functools.partial(_notify, sd.notify, set())
 
 
-def _notify(send: Callable[[str], Any], message: str) -> None:
+def _notify(send: Callable[[str], Any], failures_seen: set[int | None], message: str) -> None:
     try:
         send(message)
     except OSError as exc:  # a vanished notify socket must not take the daemon down
-        log.warning("sd_notify failed: %s", exc)
+        # Once per kind of failure: the watchdog would repeat it every few seconds for life.
+        if exc.errno not in failures_seen:
+            failures_seen.add(exc.errno)
+            log.warning("sd_notify failed: %s (not logged again for this error)", exc)
 
 
 def _start_watchdog(loop: asyncio.AbstractEventLoop, notify: Callable[[str], None]) -> Callable[[], None]:
     """WATCHDOG=1 at half of systemd's interval, sent from the event loop (a stuck loop misses it).
     Returns the function that stops it."""
     usec = os.environ.get("WATCHDOG_USEC", "")
-    if not usec.isdigit() or os.environ.get("WATCHDOG_PID", str(os.getpid())) != str(os.getpid()):
-        return lambda: None
-    interval = int(usec) / 2e6
+    if (not (usec.isascii() and usec.isdigit()) or int(usec) == 0
+            or os.environ.get("WATCHDOG_PID", str(os.getpid())) != str(os.getpid())):
+        return lambda: None  # 0 or garbage means no watchdog, as for sd_watchdog_enabled()
+    interval = max(int(usec) / 2e6, MIN_WATCHDOG_INTERVAL_S)
     timer: asyncio.TimerHandle | None = None
 
     def ping() -> None:

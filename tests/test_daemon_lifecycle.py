@@ -6,11 +6,14 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import stat
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -232,3 +235,79 @@ def test_socket_passed_by_systemd_is_served_and_left_in_place(tmp_path: Path, bu
         if proc.poll() is None:
             proc.kill()
         log.close()
+
+
+def test_open_connections_are_capped_and_monitoring_still_gets_in(tmp_path: Path, bundle_dir: Path) -> None:
+    # Clients holding silent sockets must not use up the daemon's file descriptors (its cache,
+    # its espeak-ng pipes): past 4 x max_connections the oldest idle connection is closed.
+    with Daemon(tmp_path, "[server]\nmax_connections = 2\n") as daemon:
+        assert daemon.proc is not None
+        fd_dir = Path(f"/proc/{daemon.proc.pid}/fd")
+        before = len(list(fd_dir.iterdir()))
+        with contextlib.ExitStack() as closing:
+            silent = [closing.enter_context(daemon.connect()) for _ in range(30)]
+            assert daemon.request("GET", "/v1/health").status == 200
+            assert len(list(fd_dir.iterdir())) - before <= 8
+            for sock in silent:
+                sock.settimeout(5)
+            closed = sum(1 for sock in silent[:20] if _closed_by_peer(sock))
+            assert closed >= 20, "the oldest silent connections were not closed"
+        wait_for(lambda: daemon.request("GET", "/v1/voices").status == 200)
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_a_second_stop_signal_cuts_the_drain_short(tmp_path: Path, bundle_dir: Path) -> None:
+    daemon = Daemon(tmp_path, "[server]\ndrain_timeout_s = 60\n").start()
+    daemon.wait_state("READY")
+    worker = threading.Thread(target=lambda: _ignore_errors(
+        lambda: daemon.request("POST", "/v1/synthesize", {"text": LONG_TEXT, "format": "pcm"})))
+    worker.start()
+    wait_for(lambda: daemon.status()["admission"]["active"] == 1)
+    assert daemon.proc is not None
+    daemon.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: "DRAINING" in daemon.log_text())
+    started = time.monotonic()
+    assert daemon.stop(timeout=20) == 0  # the second SIGTERM
+    assert time.monotonic() - started < 10  # not the 60 s drain
+    worker.join(30)
+    assert "second stop signal" in daemon.log_text()
+
+
+def _ignore_errors(call: Callable[[], object]) -> None:
+    with contextlib.suppress(Exception):
+        call()
+
+
+@pytest.mark.parametrize("usec", ["0", "\u0663\u0663", "abc"])
+def test_a_zero_or_garbage_watchdog_interval_means_no_watchdog(tmp_path: Path, bundle_dir: Path, usec: str) -> None:
+    notify_path = tmp_path / "notify.sock"
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(notify_path))
+    notify.settimeout(30)
+    env = {**os.environ, "NOTIFY_SOCKET": str(notify_path), "WATCHDOG_USEC": usec}
+    with notify, Daemon(tmp_path / "d", env=env) as daemon:
+        messages: list[str] = []
+        while "READY=1" not in messages:
+            messages.append(notify.recv(4096).decode())
+        notify.settimeout(0.5)
+        with contextlib.suppress(TimeoutError):
+            while True:
+                messages.append(notify.recv(4096).decode())
+        assert "WATCHDOG=1" not in messages
+        assert daemon.get("/v1/health").status == 200
+
+
+def test_a_notify_socket_that_fails_is_logged_once(tmp_path: Path, bundle_dir: Path) -> None:
+    env = {**os.environ, "NOTIFY_SOCKET": str(tmp_path / "missing.sock"), "WATCHDOG_USEC": "100000"}
+    with Daemon(tmp_path / "d", env=env) as daemon:
+        time.sleep(1.0)  # ~20 watchdog pings, each failing
+        assert daemon.get("/v1/health").status == 200
+        assert daemon.log_text().count("sd_notify failed") == 1

@@ -102,36 +102,50 @@ def test_audio_on_standard_output_leaves_what_came_before_it(daemon: Daemon, tmp
     assert data.startswith(b"PREFIXRIFF") and len(data) > 22050
 
 
-def test_text_is_sent_as_utf8_not_escapes(tmp_path: Path) -> None:
-    # An emoji escaped by json.dumps takes 12 bytes; text near the daemon's limits would then be
-    # refused for its body size. A listener of the test's own records what edgectl sends.
-    path = tmp_path / "listener.sock"
+def _answer_once(path: Path, status: str, body: bytes) -> tuple[threading.Thread, list[bytes]]:
+    """A listener of the test's own at `path`: reads one request, records its body, answers."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
     listener.listen(1)
     received: list[bytes] = []
 
-    def answer_once() -> None:
-        connection, _ = listener.accept()
-        with connection:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                data += connection.recv(65536)
-            head, body = data.split(b"\r\n\r\n", 1)
-            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
-                              if line.lower().startswith(b"content-length")))
-            while len(body) < length:
-                body += connection.recv(65536)
-            received.append(body)
-            error = b'{"error": {"code": "bad_request", "message": "seen"}}'
-            connection.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
-                               b"Content-Length: " + str(len(error)).encode() + b"\r\n\r\n" + error)
+    def answer() -> None:
+        with listener:
+            connection, _ = listener.accept()
+            with connection:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += connection.recv(65536)
+                head, request_body = data.split(b"\r\n\r\n", 1)
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length")), 0)
+                while len(request_body) < length:
+                    request_body += connection.recv(65536)
+                received.append(request_body)
+                connection.sendall(f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
+                                   f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
 
-    thread = threading.Thread(target=answer_once)
+    thread = threading.Thread(target=answer)
     thread.start()
+    return thread, received
+
+
+def test_text_is_sent_as_utf8_not_escapes(tmp_path: Path) -> None:
+    # An emoji escaped by json.dumps takes 12 bytes; text near the daemon's limits would then be
+    # refused for its body size.
+    path = tmp_path / "listener.sock"
+    thread, received = _answer_once(path, "400 Bad Request",
+                                    b'{"error": {"code": "bad_request", "message": "seen"}}')
     done = edgectl("synth", "\U0001F600 caf\u00e9", "-o", str(tmp_path / "x.wav"), socket_path=path)
     thread.join(30)
-    listener.close()
     assert done.returncode == 1 and b"seen" in done.stderr
     assert json.loads(received[0])["text"] == "\U0001F600 caf\u00e9"
     assert "\U0001F600".encode() in received[0] and b"\\u" not in received[0]
+
+
+def test_an_answer_nested_too_deep_is_reported_not_a_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "listener.sock"
+    thread, _ = _answer_once(path, "500 Internal Server Error", b"[" * 100_000)
+    done = edgectl("status", socket_path=path)
+    thread.join(30)
+    assert done.returncode == 1 and b"Traceback" not in done.stderr, done.stderr
