@@ -81,11 +81,17 @@ class StageSettings:
 @dataclass
 class PipelineSettings:
     max_active: int = 2
-    """Syntheses admitted at once: the box has 2 cores and each back run uses both."""
+    """Syntheses admitted at once (not counting those parked for a slow client, see park_after_s):
+    the box has 2 cores and each back run uses both."""
     queue_size: int = 4
     """Requests that may wait for admission; past this the answer is 503 busy at once."""
     queue_timeout_s: float = 10.0
     """A request waiting longer than this for admission gets 503 busy."""
+    park_after_s: float = 0.25
+    """A synthesis whose client has not asked for the next chunk after this long gives its slot
+    to the next request until it does, and then gets one back before any new request: slow
+    listeners (reading at playback speed) cannot hold every slot idle. A window is decoded in
+    ~0.1 s; a client reading at playback speed takes seconds per window."""
     loading_wait_s: float = 5.0
     """A request for a voice that is still loading waits this long, then gets 503 not_ready."""
     compute_nice: int = 10

@@ -131,7 +131,7 @@ class Daemon:
             "ready_after_s": None if self.ready_after_s is None else round(self.ready_after_s, 3),
             "pid": os.getpid(),
             "voices": self.registry.describe(),
-            "admission": {"active": admission.active, "waiting": admission.waiting,
+            "admission": {"active": admission.active, "waiting": admission.waiting, "parked": admission.parked,
                           "capacity": admission.capacity, "queue_size": admission.queue_size,
                           "rejected": admission.rejected, "connections_refused": self.connections_refused},
             "stages": {

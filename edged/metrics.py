@@ -107,7 +107,10 @@ class _DaemonCollector:
             running.add_metric([stage.name], stage.running)
             calls.add_metric([stage.name], stage.calls)
             timeouts.add_metric([stage.name], stage.timeouts)
-        yield from (queue, running, calls, timeouts)
+        parked = GaugeMetricFamily("edged_syntheses_parked",
+                                   "Syntheses waiting for a slow client, their admission slot given up.")
+        parked.add_metric([], admission.parked)
+        yield from (queue, running, calls, timeouts, parked)
 
         counts = pipeline.counts
         for name, value, doc in (

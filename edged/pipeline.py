@@ -13,6 +13,7 @@ before each window: the window being decoded finishes in its thread, no further 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import functools
 import logging
@@ -20,7 +21,7 @@ import os
 import threading
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from .config import PipelineSettings, StageSettings
 from .errors import Busy, StageTimeout
@@ -145,15 +146,23 @@ class Stage:
 
 
 class Admission:
-    """At most `capacity` syntheses at once and `queue_size` waiting; beyond that, Busy at once."""
+    """At most `capacity` syntheses at once and `queue_size` waiting; beyond that, Busy at once.
+
+    A synthesis whose client is slow to take its audio (reading it at playback speed, say) is
+    parked: its slot goes to the next request while it waits for the client, and it gets a slot
+    back, before any new request, once the client wants more. So slow listeners cannot hold
+    every slot idle and starve everyone else."""
 
     def __init__(self, capacity: int, queue_size: int, queue_timeout_s: float) -> None:
         self.capacity = capacity
         self.queue_size = queue_size
         self.queue_timeout_s = queue_timeout_s
         self._slots = asyncio.Semaphore(capacity)
+        self._resuming: collections.deque[asyncio.Future[None]] = collections.deque()
+        """Parked syntheses waiting for a slot back: served before new requests."""
         self.active = 0
         self.waiting = 0
+        self.parked = 0
         self.rejected = 0
 
     async def enter(self) -> None:
@@ -176,6 +185,40 @@ class Admission:
 
     def leave(self) -> None:
         self.active -= 1
+        self._free_slot()
+
+    def park(self) -> None:
+        """Give the slot up while the client is slow to take the audio."""
+        self.active -= 1
+        self.parked += 1
+        self._free_slot()
+
+    def forget_parked(self) -> None:
+        """A parked synthesis ended (its client left) without taking a slot back."""
+        self.parked -= 1
+
+    async def resume(self) -> None:
+        """Take a slot back after `park`: the first one freed, with no queue limit or timeout."""
+        self.parked -= 1
+        if self._resuming or self._slots.locked():
+            handed = asyncio.get_running_loop().create_future()
+            self._resuming.append(handed)
+            try:
+                await handed
+            except asyncio.CancelledError:
+                if handed.done() and not handed.cancelled():
+                    self._free_slot()  # handed over as this one was cancelled: pass it on
+                raise
+        else:
+            await self._slots.acquire()  # free: at once
+        self.active += 1
+
+    def _free_slot(self) -> None:
+        while self._resuming:
+            handed = self._resuming.popleft()
+            if not handed.done():
+                handed.set_result(None)  # straight to a parked synthesis
+                return
         self._slots.release()
 
 
@@ -220,6 +263,7 @@ class Pipeline:
         until no live synthesis is about, and is stopped and made again when one comes (until it is
         promoted, see edged.preemption)."""
         call: Callable[..., Awaitable[Any]]
+        slot: _Slot | None = None
         if background is not None:
             call = functools.partial(self.preemption.run, background=background)
         else:
@@ -232,6 +276,7 @@ class Pipeline:
                 if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
                     self.counts.cancelled += 1  # its client hung up while it waited for a slot
                 raise
+            slot = _Slot(self.admission, self.settings.park_after_s)
         finished = False
         try:
             voice = await self.voices.voice(request.voice_id, self.settings.loading_wait_s)
@@ -248,7 +293,12 @@ class Pipeline:
                 for window in voice.windows(latents, produced, throughput):
                     pcm = await call(self.back, voice.decode, latents, window)
                     self.counts.windows += 1
-                    yield pcm
+                    if slot is None:
+                        yield pcm
+                    else:
+                        slot.park_if_slow()
+                        yield pcm
+                        await slot.take_back()
                 produced += latents.n_frames
             finished = True
         except (asyncio.CancelledError, GeneratorExit):
@@ -258,8 +308,8 @@ class Pipeline:
             self.counts.failed += 1
             raise
         finally:
-            if background is None:
-                self.admission.leave()
+            if slot is not None:
+                slot.release()
                 self.preemption.live_ended()
             if finished:
                 self.counts.completed += 1
@@ -267,6 +317,47 @@ class Pipeline:
     def close(self) -> None:
         for stage in self.stages:
             stage.close()
+
+
+class _Slot:
+    """A live synthesis's admission slot, parked (Admission.park) while its client takes more
+    than `park_after_s` to want the next chunk."""
+
+    def __init__(self, admission: Admission, park_after_s: float) -> None:
+        self.admission = admission
+        self.park_after_s = park_after_s
+        self.state: Literal["held", "parked", "taking back", "released"] = "held"
+        self._timer: asyncio.TimerHandle | None = None
+
+    def park_if_slow(self) -> None:
+        """Called as a chunk goes to the client."""
+        self._timer = asyncio.get_running_loop().call_later(self.park_after_s, self._park)
+
+    async def take_back(self) -> None:
+        """Called when the client wants the next chunk."""
+        self._cancel_timer()
+        if self.state == "parked":
+            self.state = "taking back"  # if cancelled in the wait, it holds nothing to give back
+            await self.admission.resume()
+            self.state = "held"
+
+    def release(self) -> None:
+        self._cancel_timer()
+        if self.state == "held":
+            self.admission.leave()
+        elif self.state == "parked":
+            self.admission.forget_parked()
+        self.state = "released"
+
+    def _park(self) -> None:
+        self._timer = None
+        self.state = "parked"
+        self.admission.park()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 def _next_piece(pieces: Iterator[list[int]], run_options: object = None) -> list[int] | None:

@@ -311,3 +311,24 @@ def test_a_notify_socket_that_fails_is_logged_once(tmp_path: Path, bundle_dir: P
         time.sleep(1.0)  # ~20 watchdog pings, each failing
         assert daemon.get("/v1/health").status == 200
         assert daemon.log_text().count("sd_notify failed") == 1
+
+
+def test_a_client_that_reads_slowly_does_not_keep_others_waiting(tmp_path: Path, bundle_dir: Path) -> None:
+    # One slot, no cache (which would otherwise buffer the audio for it): a client that takes
+    # its audio slowly lends the slot out between chunks, so another request is answered long
+    # before the queue timeout would refuse it.
+    config = "[cache]\nenabled = false\n[pipeline]\nmax_active = 1\nqueue_timeout_s = 5.0\n"
+    with Daemon(tmp_path, config) as daemon, daemon.connect() as slow:
+        body = json.dumps({"text": LONG_TEXT, "format": "pcm"}).encode()
+        slow.sendall(post_raw(body))
+        status, _ = read_head(slow)
+        assert status == 200
+        wait_for(lambda: daemon.status()["admission"]["parked"] == 1)  # it stopped reading
+        started = time.monotonic()
+        reply = daemon.request("POST", "/v1/synthesize", {"text": "Meanwhile.", "format": "pcm"})
+        assert reply.status == 200 and time.monotonic() - started < 4
+        slow.settimeout(30)
+        rest = b""
+        while not rest.endswith(b"\r\n0\r\n\r\n"):  # it reads the rest: the stream goes on to its end
+            rest += slow.recv(1 << 16)
+        wait_for(lambda: daemon.status()["synthesis"]["completed"] == 2)

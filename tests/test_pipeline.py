@@ -7,12 +7,12 @@ import threading
 from collections.abc import AsyncIterator
 
 import pytest
-from pipeline_helpers import request_for, slot_held
+from pipeline_helpers import Loaded, request_for, slot_held
 
-from edged.config import StageSettings
+from edged.config import PipelineSettings, StageSettings
 from edged.engine import Voice
 from edged.errors import Busy, StageTimeout
-from edged.pipeline import Admission, Stage
+from edged.pipeline import Admission, Pipeline, Stage
 from edged.preemption import Background
 
 
@@ -120,6 +120,67 @@ def test_a_request_given_up_while_queued_is_counted_as_cancelled(voice: Voice) -
         counts = pipeline.counts
         assert (counts.cancelled, counts.completed, counts.failed) == (2, 0, 0)  # the holder, too
         assert pipeline.admission.waiting == 0 and pipeline.admission.active == 0
+        pipeline.close()
+
+    asyncio.run(scenario())
+
+
+LONG_ENOUGH = ("The parcel you ordered on Monday was left with your neighbour at number twelve because nobody "
+               "was home, and the driver took a photo of it on the doorstep. ") * 3
+"""Several windows of audio: a stream that still has chunks to give after its first."""
+
+
+def _pipeline(voice: Voice, park_after_s: float) -> Pipeline:
+    return Pipeline(PipelineSettings(max_active=1, queue_size=4, park_after_s=park_after_s), Loaded(voice))
+
+
+def test_a_slow_client_lends_its_slot_and_gets_one_back_first(voice: Voice) -> None:
+    # A client reading at playback speed must not hold the box's only slot idle: while it has not
+    # asked for its next chunk, another request is served; when it asks, it goes before new ones.
+    async def scenario() -> None:
+        pipeline = _pipeline(voice, park_after_s=0.1)
+        slow = pipeline.synthesize_stream(request_for(voice, LONG_ENOUGH))
+        await anext(slow)
+        await asyncio.sleep(0.3)  # the slow client takes its time with the first chunk
+        assert pipeline.admission.parked == 1 and pipeline.admission.active == 0
+        order: list[str] = []
+
+        async def drain(name: str, text: str) -> None:
+            async for _ in pipeline.synthesize_stream(request_for(voice, text)):
+                pass
+            order.append(name)
+
+        other = asyncio.create_task(drain("other", "Meanwhile, another request."))
+        await asyncio.sleep(0)
+        # The slow client asks for more while `other` runs, and a new request queues behind it.
+        more = asyncio.create_task(anext(slow))
+        await asyncio.sleep(0.05)
+        newer = asyncio.create_task(drain("newer", "A request that came later."))
+        await asyncio.wait_for(more, 30)
+        order.append("slow")
+        await asyncio.wait_for(asyncio.gather(other, newer), 60)
+        assert order == ["other", "slow", "newer"]
+        async for _ in slow:
+            pass
+        assert pipeline.admission.active == 0 and pipeline.admission.parked == 0
+        assert pipeline.counts.completed == 3
+        pipeline.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_parked_synthesis_whose_client_leaves_gives_back_nothing(voice: Voice) -> None:
+    async def scenario() -> None:
+        pipeline = _pipeline(voice, park_after_s=0.05)
+        slow = pipeline.synthesize_stream(request_for(voice, LONG_ENOUGH))
+        await anext(slow)
+        await asyncio.sleep(0.2)
+        assert pipeline.admission.parked == 1
+        await slow.aclose()  # it hung up while parked: no slot to give back
+        assert pipeline.admission.active == 0 and pipeline.admission.parked == 0
+        async for _ in pipeline.synthesize_stream(request_for(voice, "Still one slot.")):
+            pass
+        assert pipeline.admission.active == 0 and pipeline.counts.cancelled == 1
         pipeline.close()
 
     asyncio.run(scenario())
