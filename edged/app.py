@@ -39,6 +39,7 @@ from .errors import (
     UnknownVoice,
 )
 from .messages import (
+    CONTENT_TYPES,
     cache_scope,
     parse_json,
     parse_query,
@@ -57,7 +58,6 @@ MONITORING = frozenset({"/v1/health", "/v1/status", "/metrics"})
 connections) must still tell its supervisor how it is doing."""
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
-CONTENT_TYPES = {"wav": b"audio/wav", "pcm": b"application/octet-stream"}
 
 
 class WriteStalled(Exception):
@@ -251,7 +251,7 @@ class App:
                 # A cache hit knows its length; a synthesis gets the streaming header.
                 first = wav_header(request.sample_rate, getattr(chunks, "known_size", None)) + first
             headers = [
-                (b"content-type", CONTENT_TYPES[request.format]),
+                (b"content-type", CONTENT_TYPES[request.format].encode()),
                 (b"x-edged-sample-rate", str(request.sample_rate).encode()),
                 (b"x-edged-cache", cache.encode()),
                 (b"x-edged-voice", request.voice_id.encode()),

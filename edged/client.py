@@ -24,6 +24,7 @@ from typing import Any
 
 from .cliio import InputError, OutputError, check_writable, open_output, read_text
 from .config import default_socket_path
+from .messages import CONTENT_TYPES
 
 CHUNK = 64 * 1024
 WARM_POLL_S = 0.25
@@ -126,10 +127,15 @@ def _synth(args: argparse.Namespace) -> int:
     if args.voice is not None:
         body["voice"] = args.voice
     response = request(args.socket, "POST", "/v1/synthesize", body)
+    content_type = response.getheader("content-type", "")
+    if content_type != CONTENT_TYPES[args.format]:
+        raise UnexpectedAnswer(f"the answer is {content_type or 'untyped'}, not {args.format} audio")
     with open_output(args.output) as out:
         # Copied as it arrives, so that a player reading standard output starts at once.
         while chunk := response.read1(CHUNK):
             out.write(chunk)
+        if response.length:  # a body of known length that ended short (edged streams chunked)
+            raise http.client.IncompleteRead(b"", response.length)
         if args.format == "wav":
             out.finish_wav()
     return 0

@@ -14,6 +14,8 @@ from urllib.parse import parse_qs
 from .errors import BadInput, TextTooLong
 
 AudioFormat = Literal["wav", "pcm"]
+CONTENT_TYPES: dict[str, str] = {"wav": "audio/wav", "pcm": "application/octet-stream"}
+"""The Content-Type of each audio format's answer."""
 FORMATS: tuple[AudioFormat, ...] = ("wav", "pcm")
 SPEED_RANGE = (0.25, 4.0)
 """The engine's own bounds (SynthesisParams); checked here too so bad input fails before admission."""

@@ -102,8 +102,10 @@ def test_audio_on_standard_output_leaves_what_came_before_it(daemon: Daemon, tmp
     assert data.startswith(b"PREFIXRIFF") and len(data) > 22050
 
 
-def _answer_once(path: Path, status: str, body: bytes) -> tuple[threading.Thread, list[bytes]]:
-    """A listener of the test's own at `path`: reads one request, records its body, answers."""
+def _answer_once(path: Path, status: str, body: bytes, content_type: str = "application/json",
+                 length: int | None = None) -> tuple[threading.Thread, list[bytes]]:
+    """A listener of the test's own at `path`: reads one request, records its body, answers
+    (with a Content-Length of `length`, the body's own by default, then closes)."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
     listener.listen(1)
@@ -122,8 +124,9 @@ def _answer_once(path: Path, status: str, body: bytes) -> tuple[threading.Thread
                 while len(request_body) < length:
                     request_body += connection.recv(65536)
                 received.append(request_body)
-                connection.sendall(f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
-                                   f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+                connection.sendall(f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
+                                   f"Content-Length: {len(body) if length is None else length}\r\n\r\n"
+                                   .encode() + body)
 
     thread = threading.Thread(target=answer)
     thread.start()
@@ -149,3 +152,15 @@ def test_an_answer_nested_too_deep_is_reported_not_a_traceback(tmp_path: Path) -
     done = edgectl("status", socket_path=path)
     thread.join(30)
     assert done.returncode == 1 and b"Traceback" not in done.stderr, done.stderr
+
+
+def test_an_answer_that_is_not_audio_or_ends_short_leaves_no_file(tmp_path: Path) -> None:
+    # Something other than edged on the socket: what it sends is not passed off as audio.
+    out = tmp_path / "x.wav"
+    for content_type, length in (("text/plain", None), ("audio/wav", 1000)):
+        path = tmp_path / f"{content_type.replace('/', '-')}.sock"
+        thread, _ = _answer_once(path, "200 OK", b"RIFFhello", content_type, length)
+        done = edgectl("synth", "Hi.", "-o", str(out), socket_path=path)
+        thread.join(30)
+        assert done.returncode == 1 and b"Traceback" not in done.stderr, done.stderr
+        assert not out.exists() and not list(tmp_path.glob("*.part"))
