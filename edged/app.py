@@ -36,6 +36,7 @@ from .errors import (
     NotFound,
     NotReady,
     StageTimeout,
+    StreamNeedsHttp11,
     UnknownVoice,
 )
 from .messages import (
@@ -185,6 +186,7 @@ class App:
 
     async def synthesize(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
+        _require_streaming(scope)
         body = synthesize_body(await self._json(scope, receive), self.settings.limits.max_text_chars)
         info = self.daemon.registry.info(body.voice or self.settings.voices.default)
         request = info.request(body.text, body.speed, body.format)
@@ -193,6 +195,7 @@ class App:
     async def speech(self, scope: Scope, receive: Receive, send: Send) -> None:
         """OpenAI's POST /v1/audio/speech: {"input", "voice", "response_format", "speed"}."""
         started = time.perf_counter()
+        _require_streaming(scope)
         body = speech_body(await self._json(scope, receive), self.settings.limits.max_text_chars)
         info = self.daemon.registry.info(self._openai_voice(body.voice))
         request = info.request(body.input, body.speed, body.response_format)
@@ -280,3 +283,10 @@ class App:
             await self.daemon.pipeline.output.wait(send(message))
         except StageTimeout:
             raise WriteStalled from None
+
+
+def _require_streaming(scope: Scope) -> None:
+    """Audio goes out as it is made, in chunked encoding: HTTP/1.1 only (RFC 9112 forbids
+    chunked encoding towards an HTTP/1.0 client)."""
+    if scope.get("http_version") == "1.0":
+        raise StreamNeedsHttp11("audio is streamed with chunked encoding: send the request as HTTP/1.1")

@@ -88,6 +88,13 @@ class BodyTooLarge(EdgedError):
     http_status = 413
 
 
+class StreamNeedsHttp11(EdgedError):
+    """Audio is streamed with chunked encoding, which an HTTP/1.0 client cannot be sent."""
+
+    code = "http_version_not_supported"
+    http_status = 505
+
+
 class HeadersTooLarge(EdgedError):
     """The request line and headers are over the configured byte limit."""
 

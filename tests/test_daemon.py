@@ -161,6 +161,19 @@ def test_body_that_does_not_arrive_gets_408(daemon: Daemon) -> None:
         assert sock.recv(1024) == b""  # the request was never whole: the connection is closed
 
 
+def test_audio_is_not_sent_chunked_to_an_http10_client(daemon: Daemon) -> None:
+    # Chunked encoding is forbidden towards HTTP/1.0 (RFC 9112): a JSON 505 instead; monitoring,
+    # which has a length, is answered.
+    with daemon.connect() as sock:
+        sock.sendall(post_raw(b'{"text": "hello"}').replace(b"HTTP/1.1", b"HTTP/1.0", 1))
+        status, body = read_head(sock)
+    assert status == 505 and json.loads(body)["error"]["code"] == "http_version_not_supported"
+    with daemon.connect() as sock:
+        sock.sendall(b"GET /v1/health HTTP/1.0\r\n\r\n")
+        status, body = read_head(sock)
+    assert status == 200 and json.loads(body)["state"] == "READY"
+
+
 def test_headers_without_end_are_cut_off_at_the_limit(daemon: Daemon) -> None:
     # httptools buffers headers without limit: 400 MB of them once grew the daemon by 400 MB.
     with daemon.connect() as sock:
