@@ -1,23 +1,63 @@
-"""Who may call the administrative routes: root, or a peer in the configured admin group.
+"""Who may call the administrative routes: root, the daemon's own user, or a peer in the
+configured admin group.
 
-The peer's uid and gid come from the kernel (SO_PEERCRED, taken when it connected), so they cannot
-be forged by the client; group membership is looked up in the system's group database.
+The peer's uid, gid and supplementary groups come from the kernel (SO_PEERCRED and SO_PEERGROUPS,
+taken when it connected), so the client cannot forge them. Where the kernel does not give the
+groups, membership is looked up in the system's group database instead.
 """
 
 from __future__ import annotations
 
+import array
 import grp
 import os
 import pwd
+import socket
+import struct
+from dataclasses import dataclass
 
 from .errors import Forbidden
 
+SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
+"""Linux >= 4.13 (not every Python names it in its socket module)."""
 
-def is_admin(peer: tuple[int, int, int] | None, admin_group: str) -> bool:
+
+@dataclass(frozen=True)
+class Peer:
+    pid: int
+    uid: int
+    gid: int
+    groups: tuple[int, ...] | None
+    """Supplementary group ids as the peer had them when it connected; None if unknown."""
+
+
+def peer_of(sock: socket.socket) -> Peer | None:
+    """The process at the other end of a Unix socket; None if unknown (then only
+    non-administrative calls are allowed)."""
+    if sock.family != socket.AF_UNIX:
+        return None
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    pid, uid, gid = struct.unpack("3i", raw)
+    return Peer(pid, uid, gid, _peer_groups(sock))
+
+
+def _peer_groups(sock: socket.socket) -> tuple[int, ...] | None:
+    for room in (256, 65536):  # group ids; past the first guess the kernel says ERANGE
+        try:
+            raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 4 * room)
+        except OSError:
+            continue
+        return tuple(array.array("I", raw))
+    return None
+
+
+def is_admin(peer: Peer | None, admin_group: str) -> bool:
     if peer is None:
         return False
-    _, uid, gid = peer
-    if uid == 0:
+    if peer.uid in (0, os.geteuid()):  # root, or whoever runs this daemon (and owns its files anyway)
         return True
     if not admin_group:
         return False
@@ -25,17 +65,20 @@ def is_admin(peer: tuple[int, int, int] | None, admin_group: str) -> bool:
         group = grp.getgrnam(admin_group)
     except KeyError:
         return False
-    if gid == group.gr_gid:
+    if peer.gid == group.gr_gid:
         return True
+    if peer.groups is not None:  # the kernel's account, as systemd's SupplementaryGroups= sets it
+        return group.gr_gid in peer.groups
     try:
-        user = pwd.getpwuid(uid)
+        user = pwd.getpwuid(peer.uid)
     except KeyError:
         return False
     return user.pw_name in group.gr_mem or group.gr_gid in os.getgrouplist(user.pw_name, user.pw_gid)
 
 
-def require_admin(peer: tuple[int, int, int] | None, admin_group: str) -> None:
+def require_admin(peer: Peer | None, admin_group: str) -> None:
     if not is_admin(peer, admin_group):
-        who = "an unknown peer" if peer is None else f"uid {peer[1]}"
+        who = "an unknown peer" if peer is None else f"uid {peer.uid}"
         group = f"in group {admin_group!r}" if admin_group else "(no admin group is configured)"
-        raise Forbidden(f"administrative call refused for {who}: only root or members {group} may do this")
+        raise Forbidden(f"administrative call refused for {who}: only root, the daemon's user or "
+                        f"members {group} may do this")

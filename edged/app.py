@@ -30,6 +30,7 @@ from .cacheservice import CacheService
 from .config import OPENAI_VOICE_NAMES
 from .daemon import AudioStream, CacheStatus, Daemon
 from .errors import (
+    BadInput,
     Busy,
     EdgedError,
     MethodNotAllowed,
@@ -156,7 +157,10 @@ class App:
         limits, server = self.settings.limits, self.settings.server
         raw = await read_body(scope, receive, limits.max_body_bytes, server.body_timeout_s)
         query = parse_query(scope.get("query_string", b""))
-        target = cache_scope({**query, **(parse_json(raw) if raw.strip() else {})})
+        body = parse_json(raw) if raw.strip() else {}
+        if query and body:  # one would silently override the other
+            raise BadInput("give the scope in the query or in the body, not both")
+        target = cache_scope(query or body)
         service = self._cache_service()
         dropped = await service.invalidate(target.voice, target.version, target.tag)
         await send_json(send, 200, dropped)

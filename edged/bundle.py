@@ -105,6 +105,17 @@ class Manifest:
             "graphs must name, for fp32 and/or int8, a front and a back graph listed in files with their .data")
         _require(self.default_precision in self.graphs, "default_precision must be one of the bundle's graphs")
 
+    @property
+    def audio_digest(self) -> str:
+        """sha256 (hex, 16 digits) of what decides the bundle's audio: its files' digests, voice
+        settings and window plan. The version alone does not: a rebuild may keep it."""
+        decides = {"files": {name: entry["sha256"] for name, entry in self.files.items()},
+                   "graphs": self.graphs, "inference": self.inference, "espeak_voice": self.espeak_voice,
+                   "phoneme_id_map": self.phoneme_id_map, "streaming": self.streaming.__dict__,
+                   "sample_rate": self.sample_rate, "hop_length": self.hop_length}
+        blob = json.dumps(decides, sort_keys=True, ensure_ascii=True).encode("ascii")
+        return hashlib.sha256(blob).hexdigest()[:16]
+
     def to_json(self) -> str:
         data = {"format": FORMAT_VERSION, **self.__dict__, "streaming": self.streaming.__dict__}
         return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"

@@ -48,6 +48,8 @@ class WarmProgress:
     done: int = 0
     """Phrases handled (cached already, synthesized now, or failed)."""
     synthesized: int = 0
+    empty: int = 0
+    """Phrases with nothing to pronounce: no audio, so nothing stored."""
     failed: int = 0
 
 
@@ -163,9 +165,15 @@ class CacheService:
             try:
                 # The registry's rules (load_on_demand; a failed load is not tried again), no deadline.
                 await self.registry.voice(info.voice_id, math.inf)
+                audio = False
                 async for chunk in self.pipeline.synthesize_stream(request, background):
+                    audio = audio or bool(chunk)
                     yield chunk
-                self.warm.synthesized += 1  # counted once whole: a failed one counts as failed only
+                # Counted once whole: a failed one counts as failed only.
+                if audio:
+                    self.warm.synthesized += 1
+                else:
+                    self.warm.empty += 1
             finally:
                 del self._warming[key.digest]
 
@@ -201,4 +209,4 @@ def _key(request: SynthesisRequest) -> CacheKey:
     from .cache import CacheKey
 
     return CacheKey.make(request.text, request.voice_id, request.voice_version, request.speed, CACHED_FORMAT,
-                         request.precision)
+                         request.precision, request.bundle_digest)

@@ -19,15 +19,18 @@ import socket
 import sys
 import time
 import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from .cliio import InputError, OutputError, check_writable, open_output, read_text
 from .config import default_socket_path
-from .messages import CONTENT_TYPES
+from .messages import CONTENT_TYPES, MAX_WARM_PHRASES
 
 CHUNK = 64 * 1024
 WARM_POLL_S = 0.25
+WARM_BATCH_BYTES = 1_000_000
+"""Under the daemon's default body limit (limits.max_body_bytes, 1.25 MiB)."""
 
 
 class DaemonUnreachable(Exception):
@@ -209,21 +212,49 @@ def _cache_warm(args: argparse.Namespace) -> int:
     except (OSError, UnicodeDecodeError) as exc:
         print(f"edgectl: cannot read {args.file}: {exc}", file=sys.stderr)
         return 2
-    phrases = parse_phrase_lines(text)
-    body = {"phrases": [{"text": p.text, **({"voice": p.voice} if p.voice else {})} for p in phrases]}
-    answer = get_json(args.socket, "/v1/cache/warm", "POST", body)
-    queued, target = answer["queued"], answer["warm"]["total"]
-    start = target - queued  # progress of the daemon's warm-up before ours
+    entries = [{"text": p.text, **({"voice": p.voice} if p.voice else {})} for p in parse_phrase_lines(text)]
+    if not entries:
+        print("edgectl: no phrases to warm", file=sys.stderr)
+        return 2
     tty = sys.stderr.isatty()
+    start = failed_before = target = None
+    for batch in _warm_batches(entries):
+        while True:
+            try:
+                answer = get_json(args.socket, "/v1/cache/warm", "POST", {"phrases": batch})
+                break
+            except DaemonError as exc:
+                if exc.status != 503:
+                    raise
+                time.sleep(WARM_POLL_S)  # the daemon's warm-up queue is full: wait for room
+        if start is None:  # the daemon's warm-up progress before ours
+            start, failed_before = answer["warm"]["total"] - answer["queued"], answer["warm"]["failed"]
+        target = answer["warm"]["total"]
+    assert start is not None and target is not None and failed_before is not None
     while True:
         warm = get_json(args.socket, "/v1/status")["cache"]["warm"]
-        done = min(max(warm["done"] - start, 0), queued)
-        if tty or done == queued:
-            print(f"\rwarming {done}/{queued} phrases, {warm['failed']} failed", end="", file=sys.stderr, flush=True)
+        done, failed = min(max(warm["done"] - start, 0), len(entries)), warm["failed"] - failed_before
+        if tty or warm["done"] >= target:
+            print(f"\rwarming {done}/{len(entries)} phrases, {failed} failed", end="", file=sys.stderr, flush=True)
         if warm["done"] >= target:
             print(file=sys.stderr)
-            return 1 if warm["failed"] else 0
+            return 1 if failed else 0
         time.sleep(WARM_POLL_S)
+
+
+def _warm_batches(entries: list[dict[str, str]]) -> Iterator[list[dict[str, str]]]:
+    """Requests the daemon takes: at most MAX_WARM_PHRASES phrases and WARM_BATCH_BYTES each."""
+    batch: list[dict[str, str]] = []
+    size = 0
+    for entry in entries:
+        entry_size = len(_json_bytes(entry)) + 1
+        if batch and (len(batch) == MAX_WARM_PHRASES or size + entry_size > WARM_BATCH_BYTES):
+            yield batch
+            batch, size = [], 0
+        batch.append(entry)
+        size += entry_size
+    if batch:
+        yield batch
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,7 +13,6 @@ import functools
 import json
 import logging
 import socket
-import struct
 from http import HTTPStatus
 from typing import Any
 
@@ -21,6 +20,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
+from .admin import Peer, peer_of
 from .app import App
 from .asgi import error_json
 from .daemon import Daemon
@@ -165,18 +165,10 @@ class EdgedProtocol(HttpToolsProtocol):
             self.transport.close()
 
 
-def peer_credentials(transport: asyncio.BaseTransport) -> tuple[int, int, int] | None:
-    """(pid, uid, gid) of the process at the other end of a Unix socket (SO_PEERCRED), taken
-    when it connected; None if unknown (then only non-administrative calls are allowed)."""
+def peer_credentials(transport: asyncio.BaseTransport) -> Peer | None:
+    """The peer of a connection's Unix socket (edged.admin.peer_of), taken when it connected."""
     sock = transport.get_extra_info("socket")
-    if sock is None or sock.family != socket.AF_UNIX:
-        return None
-    try:
-        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    except OSError:
-        return None
-    pid, uid, gid = struct.unpack("3i", raw)
-    return pid, uid, gid
+    return None if sock is None else peer_of(sock)
 
 
 class _IntendedCutOff(logging.Filter):

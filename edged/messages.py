@@ -48,12 +48,15 @@ class SpeechBody:
 
 
 def parse_query(query_string: bytes) -> dict[str, str]:
-    """The last value of each query parameter, which must be percent-encoded UTF-8."""
+    """The query's parameters, each given once, percent-encoded UTF-8."""
     try:
         pairs = parse_qs(query_string.decode("ascii"), keep_blank_values=True, errors="strict")
     except UnicodeDecodeError:
         raise BadInput("the query string is not percent-encoded UTF-8") from None
-    return {name: values[-1] for name, values in pairs.items()}
+    for name, values in pairs.items():
+        if len(values) > 1:  # which one was meant? (a clear must not guess)
+            raise BadInput(f"query parameter {name[:50]!r} is given {len(values)} times")
+    return {name: values[0] for name, values in pairs.items()}
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
@@ -174,7 +177,7 @@ class Phrase:
 def cache_scope(data: dict[str, Any]) -> CacheScope:
     _no_unknown(data, ("voice", "version", "tag"))
     for name in ("voice", "version", "tag"):
-        if data.get(name) == "":  # else it would read as "not given", and clear everything
+        if name in data and data[name] in ("", None):  # else "not given": it would clear everything
             raise BadInput(f"{name!r} is empty; leave it out to clear every {name}")
     scope = CacheScope(*(_tag(data.get(name), name) for name in ("voice", "version", "tag")))
     if scope.version is not None and scope.voice is None:
@@ -200,8 +203,11 @@ def warm_body(body: bytes, max_text_chars: int) -> list[Phrase]:
         entry = {"text": item} if isinstance(item, str) else item
         if not isinstance(entry, dict):
             raise BadInput(f"phrase {i} must be a string or an object")
-        _no_unknown(entry, ("text", "voice"))
-        phrases.append(Phrase(_text(entry, "text", max_text_chars), _optional_str(entry, "voice")))
+        try:
+            _no_unknown(entry, ("text", "voice"))
+            phrases.append(Phrase(_text(entry, "text", max_text_chars), _optional_str(entry, "voice")))
+        except (BadInput, TextTooLong) as exc:  # which of thousands of phrases it was
+            raise type(exc)(f"phrase {i}: {exc}") from None
     return phrases
 
 

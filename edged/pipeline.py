@@ -51,6 +51,8 @@ class SynthesisRequest:
     format: AudioFormat = "wav"
     """What the client gets: wav (a streaming WAV header, then the PCM) or pcm (the PCM alone).
     The audio source always produces PCM; the header is added on the way out."""
+    bundle_digest: str = ""
+    """The voice bundle's Manifest.audio_digest: the version alone may survive a rebuild."""
 
 
 class VoiceSource(Protocol):

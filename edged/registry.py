@@ -41,13 +41,15 @@ class VoiceInfo:
     sample_rate: int
     """Hz."""
     bundle_dir: Path
+    bundle_digest: str = ""
+    """Manifest.audio_digest of the bundle (part of the cache key)."""
 
     def request(self, text: str, speed: float, format: AudioFormat) -> SynthesisRequest:
         """A synthesis of `text` by this voice, as it is installed and loaded. The text is the
         cache key's (whitespace normalized), so that what is spoken is what the key stands for:
         long text is cut into blocks by length, and raw runs of spaces could move a cut."""
         return SynthesisRequest(normalize_text(text), self.voice_id, self.version, self.precision,
-                                self.sample_rate, speed, format)
+                                self.sample_rate, speed, format, self.bundle_digest)
 
 
 class VoiceRegistry:
@@ -75,7 +77,7 @@ class VoiceRegistry:
             raise UnknownVoice(f"unknown voice {voice_id!r}: no bundle with that id is installed")
         manifest = read_manifest(bundle)
         info = VoiceInfo(voice_id, manifest.version, self.settings.precision or manifest.default_precision,
-                         manifest.sample_rate, bundle)
+                         manifest.sample_rate, bundle, manifest.audio_digest)
         self._infos[voice_id] = info
         return info
 

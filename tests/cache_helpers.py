@@ -76,6 +76,16 @@ async def fetch(cache: AudioCache, producer: Callable[[], AsyncIterator[bytes]],
         return str(status), await stream.read_all()
 
 
+def stored_before_a_restart(tmp_path: Path, producer: Producer) -> None:
+    """`producer`'s audio for KEY stored by a cache on `tmp_path`, which is then closed."""
+    async def store() -> None:
+        cache = await AudioCache.open(settings(tmp_path))
+        await fetch(cache, producer)
+        await cache.close()
+
+    run(store())
+
+
 async def settle(cache: AudioCache) -> None:
     """Let running syntheses end and queued disk work finish."""
     while cache.stats().in_flight:

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from cache_helpers import KEY, RATE, Producer, fetch, run, settings, settle
+from cache_helpers import KEY, RATE, Producer, fetch, run, settings, settle, stored_before_a_restart
 
 from edged.cache import AudioCache, CacheKey, SynthesisCancelled
 
@@ -46,11 +46,6 @@ def test_memory_hit_needs_no_thread_hop(tmp_path: Path) -> None:
 def test_restart_serves_from_disk_byte_identical(tmp_path: Path) -> None:
     producer = Producer()
 
-    async def first() -> None:
-        cache = await AudioCache.open(settings(tmp_path))
-        await fetch(cache, producer)
-        await cache.close()
-
     async def second() -> None:
         cache = await AudioCache.open(settings(tmp_path))
         assert await fetch(cache, producer) == ("hit", producer.whole)
@@ -59,9 +54,30 @@ def test_restart_serves_from_disk_byte_identical(tmp_path: Path) -> None:
         assert cache.stats().memory_hits == 1  # promoted
         await cache.close()
 
-    run(first())
+    stored_before_a_restart(tmp_path, producer)
     run(second())
     assert producer.calls == 1
+
+
+def test_every_hit_is_counted_in_a_tier_and_a_stale_entry_is_a_miss(tmp_path: Path) -> None:
+    producer = Producer()
+
+    async def second() -> None:
+        cache = await AudioCache.open(settings(tmp_path))
+        # Four at once after a restart: one reads the disk, the others join that read.
+        answers = await asyncio.gather(*(fetch(cache, producer) for _ in range(4)))
+        assert answers == [("hit", producer.whole)] * 4
+        stats = cache.stats()
+        assert stats.memory_hits + stats.disk_hits == 4 and stats.disk_misses == 0
+        # Invalidated: the disk row is found but stale, which is a miss, not a hit.
+        await cache.invalidate_voice(KEY.voice, None)
+        assert (await fetch(cache, producer))[0] == "miss"
+        after = cache.stats()
+        assert after.disk_hits == stats.disk_hits and after.disk_misses == 1
+        await cache.close()
+
+    stored_before_a_restart(tmp_path, producer)
+    run(second())
 
 
 def test_identical_concurrent_requests_synthesize_once(tmp_path: Path) -> None:

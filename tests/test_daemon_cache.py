@@ -93,7 +93,10 @@ def test_delete_by_tag_and_by_voice_makes_the_next_request_a_miss(cached: Daemon
     # An empty or unusable filter is refused, not read as "everything".
     for bad_request in (("/v1/cache?voice=", None), ("/v1/cache?tag=", None), ("/v1/cache", {"tag": ""}),
                         ("/v1/cache", '{"voice": "\\ud800"}'), ("/v1/cache", {"version": "v\n1", "voice": voice}),
-                        ("/v1/cache?tag=%ff%fe", None)):  # not UTF-8: refused, not mangled into U+FFFD
+                        ("/v1/cache?tag=%ff%fe", None),  # not UTF-8: refused, not mangled into U+FFFD
+                        ("/v1/cache?voice=x", {"voice": None}), ("/v1/cache", {"tag": None}),  # null: not "all"
+                        ("/v1/cache?tag=a&tag=b", None),  # which one?
+                        ("/v1/cache?voice=x", {"tag": "y"})):  # query and body: one would override
         bad = cached.request("DELETE", *bad_request)
         assert bad.status == 400 and bad.json()["error"]["code"] == "bad_request", bad_request
     assert _synth(cached, "Untagged one.").headers["x-edged-cache"] == "hit"  # nothing was dropped
@@ -118,17 +121,18 @@ def test_concurrent_identical_requests_are_synthesized_once(cached: Daemon) -> N
 
 
 def test_warm_up_fills_the_cache_and_reports_progress(cached: Daemon) -> None:
-    phrases = ["Warm phrase one.", {"text": "Warm phrase two."}]
+    phrases = ["Warm phrase one.", {"text": "Warm phrase two."}, "?!"]
     lookups = ("memory_hits", "memory_misses", "disk_hits", "disk_misses", "joined")
     before = cached.status()["cache"]
     reply = cached.request("POST", "/v1/cache/warm", {"phrases": phrases})
-    assert reply.status == 202 and reply.json()["queued"] == 2
+    assert reply.status == 202 and reply.json()["queued"] == 3
     target = reply.json()["warm"]["total"]
     wait_for(lambda: cached.status()["cache"]["warm"]["done"] >= target, timeout=30)
     warmed = cached.status()["cache"]
     # The hit ratio is the requests': warm-up's own lookups are not counted in it.
     assert {k: warmed[k] for k in lookups} == {k: before[k] for k in lookups}
     assert warmed["warm"]["synthesized"] - before["warm"]["synthesized"] == 2
+    assert warmed["warm"]["empty"] - before["warm"]["empty"] == 1  # "?!": nothing to say, nothing stored
     for text in ("Warm phrase one.", "Warm phrase two."):
         assert _synth(cached, text).headers["x-edged-cache"] == "hit"
     assert cached.status()["cache"]["memory_hits"] == warmed["memory_hits"] + 2
@@ -228,7 +232,7 @@ def test_configured_warm_file_is_warmed_at_start(tmp_path: Path, bundle_dir: Pat
     config = f'[cache]\nwarm_file = "{phrases}"\n[limits]\nmax_text_chars = 50\nmax_body_bytes = 4096\n'
     with Daemon(tmp_path / "d", config) as daemon:
         warm = wait_for(lambda: (w := daemon.status()["cache"]["warm"])["done"] == 3 and w, timeout=30)
-        assert warm == {"total": 3, "done": 3, "synthesized": 2, "failed": 1}
+        assert warm == {"total": 3, "done": 3, "synthesized": 2, "empty": 0, "failed": 1}
         assert _synth(daemon, "Also warmed at start.").headers["x-edged-cache"] == "hit"
         assert "over the limit of 50" in daemon.log_text()
 
@@ -244,9 +248,9 @@ def test_a_warm_file_longer_than_the_queue_is_cut_not_fatal(tmp_path: Path, bund
 
 # -- administrative routes: only root or the admin group (SO_PEERCRED) ----------------------------
 
-def _as_nobody(socket_path: Path, method: str, path: str) -> dict:
-    """One request from a forked child that became uid/gid 65534 before connecting (the kernel
-    records the peer's credentials at connect time). The interpreter cannot be exec'd as nobody
+def _as_nobody(socket_path: Path, method: str, path: str, groups: tuple[int, ...] = ()) -> dict:
+    """One request from a forked child that became uid/gid 65534, with supplementary `groups`,
+    before connecting (the kernel records the peer's credentials at connect time). The interpreter cannot be exec'd as nobody
     here (its directory is private to root), hence a fork that uses only the socket module."""
     body = b'{"phrases": ["Hi."]}' if method == "POST" else b""
     raw = (f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
@@ -256,7 +260,7 @@ def _as_nobody(socket_path: Path, method: str, path: str) -> dict:
     if pid == 0:  # the child: no Python-level cleanup, no pytest machinery
         code = 1
         try:
-            os.setgroups([])
+            os.setgroups(list(groups))
             os.setgid(65534)
             os.setuid(65534)
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
@@ -279,8 +283,14 @@ def _as_nobody(socket_path: Path, method: str, path: str) -> dict:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching to another uid needs root")
-@pytest.mark.parametrize(("admin_group", "allowed"), [("edged", False), ("nogroup", True)])
-def test_admin_routes_need_root_or_the_admin_group(bundle_dir: Path, admin_group: str, allowed: bool) -> None:
+@pytest.mark.parametrize(("admin_group", "groups", "allowed"), [
+    ("edged", (), False),
+    ("nogroup", (), True),  # its primary group
+    ("users", (100,), True),  # a supplementary group, as systemd's SupplementaryGroups= gives it
+    ("users", (), False),
+])
+def test_admin_routes_need_root_or_the_admin_group(bundle_dir: Path, admin_group: str, groups: tuple[int, ...],
+                                                   allowed: bool) -> None:
     # A world-reachable socket in a world-traversable directory, so that uid 65534 can connect.
     root = Path(tempfile.mkdtemp(prefix="edged-peer-"))
     try:
@@ -290,7 +300,7 @@ def test_admin_routes_need_root_or_the_admin_group(bundle_dir: Path, admin_group
             health = _as_nobody(daemon.socket, "GET", "/v1/health")
             assert health["status"] == 200  # ordinary calls are open to whoever can connect
             for method, path in (("DELETE", "/v1/cache"), ("POST", "/v1/cache/warm")):
-                answer = _as_nobody(daemon.socket, method, path)
+                answer = _as_nobody(daemon.socket, method, path, groups)
                 if allowed:
                     assert answer["status"] in (200, 202), answer
                 else:
@@ -317,3 +327,39 @@ def test_edgectl_cache_warm_and_clear(cached: Daemon, tmp_path: Path) -> None:
     assert clear.returncode == 0, clear.stderr
     assert b"cleared voice" in clear.stdout
     assert _synth(cached, "Edgectl warm two.").headers["x-edged-cache"] == "miss"
+
+
+def test_a_voice_rebuilt_under_the_same_version_is_not_served_its_old_audio(tmp_path: Path, bundle_dir: Path) -> None:
+    # The builder writes version 1.0.0 every time: the key holds the bundle's audio digest too.
+    voices = other_voice(tmp_path, bundle_dir)
+    config = f'[voices]\nsearch_path = ["{voices}"]\n'
+    body = {"text": "The same words, another voice build.", "voice": OTHER_VOICE, "format": "pcm"}
+    with Daemon(tmp_path / "d", config) as first:
+        original = first.request("POST", "/v1/synthesize", body)
+        assert original.status == 200 and first.request("POST", "/v1/synthesize", body).headers["x-edged-cache"] == "hit"
+        _flushed(first)
+    manifest_path = voices / OTHER_VOICE / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["inference"]["length_scale"] = 1.5  # a rebuild that speaks more slowly, same version
+    manifest_path.unlink()  # a link to the shared bundle's manifest: replaced, not written through
+    manifest_path.write_text(json.dumps(manifest))
+    with Daemon(tmp_path / "d", config) as second:
+        rebuilt = second.request("POST", "/v1/synthesize", body)
+        assert rebuilt.status == 200 and rebuilt.headers["x-edged-cache"] == "miss"
+        assert len(rebuilt.body) > len(original.body) * 1.3
+
+
+def test_edgectl_warms_more_than_one_request_holds_and_counts_only_its_failures(tmp_path: Path) -> None:
+    # The warm file's unknown voice fails at start: that failure is not edgectl's.
+    warm_file = tmp_path / "start.txt"
+    warm_file.write_text("xx_XX-nobody\tNever warmed.\n", encoding="utf-8")
+    with Daemon(tmp_path / "d", f'[cache]\nwarm_file = "{warm_file}"\n') as daemon:
+        wait_for(lambda: daemon.status()["cache"]["warm"]["failed"] == 1)
+        phrases = tmp_path / "phrases.txt"  # over the 10,000 phrases one request may carry
+        phrases.write_text("A phrase warmed many times.\n" * 12_000, encoding="utf-8")
+        env = {**os.environ, "EDGED_SOCKET": str(daemon.socket)}
+        warm = subprocess.run([sys.executable, "-c", "import sys; from edged.client import main; sys.exit(main())",
+                               "cache", "warm", str(phrases)], cwd=REPO, env=env, capture_output=True,
+                              timeout=120, check=False)
+        assert warm.returncode == 0, warm.stderr
+        assert b"12000/12000 phrases, 0 failed" in warm.stderr

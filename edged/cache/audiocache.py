@@ -80,6 +80,10 @@ class CacheStats:
 class _Counters:
     memory_hits: int = 0
     memory_misses: int = 0
+    disk_hits: int = 0
+    """Requests answered from the disk tier (also those that joined another's read of it)."""
+    disk_misses: int = 0
+    """Disk reads that found nothing fresh."""
     joined: int = 0
     stale_dropped: int = 0
     not_stored: int = 0
@@ -179,6 +183,8 @@ class AudioCache:
             raise
         if creator or status == "hit":
             stream.status = "hit" if status == "hit" else "miss"
+            if not creator:  # joined a read of the disk tier: answered from disk as well
+                self._counters.disk_hits += counted
         else:
             stream.status = "joined"
             self._counters.joined += counted
@@ -189,8 +195,12 @@ class AudioCache:
         digest = key.digest
         try:
             if self._disk_readable():
-                entry = await self._read(self.disk.get, digest, counted)  # type: ignore[union-attr]
-                if entry is not None and self._fresh(entry.meta, time.time()):
+                entry = await self._read(self.disk.get, digest)  # type: ignore[union-attr]
+                fresh = entry is not None and self._fresh(entry.meta, time.time())
+                if counted:  # a stale entry is a miss (its row is dropped below)
+                    self._counters.disk_hits += fresh
+                    self._counters.disk_misses += not fresh
+                if entry is not None and fresh:
                     self._remember(entry)
                     self._write(self.disk.touch, digest)  # type: ignore[union-attr]
                     flight.resolve("hit")
@@ -304,7 +314,7 @@ class AudioCache:
             memory_hits=c.memory_hits, memory_misses=c.memory_misses,
             memory_bytes=self._memory.bytes, memory_entries=len(self._memory),
             memory_evictions=self._memory.evictions,
-            disk_hits=d.hits if d else 0, disk_misses=d.misses if d else 0,
+            disk_hits=c.disk_hits, disk_misses=c.disk_misses,
             disk_bytes=disk.volume if disk else 0, disk_entries=disk.count if disk else 0,
             disk_evictions=d.evictions if d else 0, disk_state=disk.state if disk else "off",
             disk_store_failures=dict(d.store_failures) if d else {},

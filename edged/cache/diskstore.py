@@ -48,8 +48,6 @@ DiskState = Literal["ok", "paused", "off"]
 
 @dataclass
 class DiskStats:
-    hits: int = 0
-    misses: int = 0
     corrupt_dropped: int = 0
     """Entries that failed their checksum or were unreadable: dropped, never served."""
     evictions: int = 0
@@ -250,9 +248,9 @@ class DiskStore:
 
     # -- reads ---------------------------------------------------------------------------------
 
-    def get(self, digest: str, counted: bool = True) -> record.CachedAudio | None:
+    def get(self, digest: str) -> record.CachedAudio | None:
         """The verified entry, or None. A row that fails to parse or its checksum is deleted.
-        `counted=False` leaves it out of the hit and miss counts."""
+        (Hits and misses are counted by the facade, which also judges freshness.)"""
         cache = self._cache
         if cache is None:
             return None
@@ -266,7 +264,6 @@ class DiskStore:
         except diskcache.Timeout:
             return None
         if blob is None:
-            self.stats.misses += counted
             return None
         try:
             entry = record.decode(blob, digest)
@@ -275,7 +272,6 @@ class DiskStore:
             self._log_once("corrupt-entry", "dropping corrupt cache entry %s: %s", digest, error)
             self.delete(digest)
             return None
-        self.stats.hits += counted
         return entry
 
     # -- writes (the facade runs these on its single writer thread) ----------------------------

@@ -1,5 +1,5 @@
-"""Cache keys: sha256 over normalized text, voice id, voice version, speed, output format and the
-graphs' precision.
+"""Cache keys: sha256 over normalized text, voice id, voice version, speed, output format, the
+graphs' precision and the bundle's audio digest.
 
 Normalization only touches ASCII whitespace, in ways espeak-ng reads the same (checked against
 the real phonemizer in tests/test_cache_key.py). Unicode normalization is deliberately left out:
@@ -14,7 +14,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-KEY_SCHEMA = "edged-cache/2"
+KEY_SCHEMA = "edged-cache/3"
 """Part of every digest: bump it when the key or the synthesis output changes meaning."""
 
 _LINE_ENDS = re.compile(r"\r\n?")
@@ -48,17 +48,20 @@ class CacheKey:
     """Output format of the cached bytes, e.g. "pcm" (16-bit LE mono)."""
     precision: str = ""
     """fp32 or int8: the same voice gives other audio at another precision."""
+    bundle: str = ""
+    """The bundle's audio digest (Manifest.audio_digest): a voice rebuilt under the same version
+    gives other audio."""
     digest: str = field(init=False, compare=False, repr=False)
     """sha256 hex of all of the above: the key in both tiers."""
 
     def __post_init__(self) -> None:
         fields = [KEY_SCHEMA, self.text, self.voice, self.version, repr(float(self.speed)), self.format,
-                  self.precision]
+                  self.precision, self.bundle]
         # JSON keeps the fields unambiguous; ensure_ascii makes lone surrogates encodable.
         blob = json.dumps(fields, ensure_ascii=True, separators=(",", ":")).encode("ascii")
         object.__setattr__(self, "digest", hashlib.sha256(blob).hexdigest())
 
     @classmethod
     def make(cls, text: str, voice: str, version: str, speed: float = 1.0, format: str = "pcm",
-             precision: str = "") -> CacheKey:
-        return cls(normalize_text(text), voice, version, float(speed), format, precision)
+             precision: str = "", bundle: str = "") -> CacheKey:
+        return cls(normalize_text(text), voice, version, float(speed), format, precision, bundle)
