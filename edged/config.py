@@ -173,7 +173,7 @@ def load_settings(config_file: Path | None = None, socket_path: Path | None = No
         import tomllib
 
         try:
-            data = tomllib.loads(Path(config_file).read_text(encoding="utf-8"))
+            data = tomllib.loads(Path(config_file).read_text(encoding="utf-8-sig"))  # a BOM is fine
         except OSError as exc:
             raise ConfigError(f"cannot read config {config_file}: {exc.strerror}") from None
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
@@ -272,6 +272,10 @@ def _join(where: str, name: str) -> str:
     return f"{where}.{name}" if where else name
 
 
+MAX_STAGE_THREADS = 64
+"""Far above what 2 cores use; a typo like 2000 would start 2,000 threads."""
+
+
 def check(settings: Settings) -> None:
     """Limits that must be positive, and the precision name."""
     for path, value in _leaves(settings, ""):
@@ -286,6 +290,12 @@ def check(settings: Settings) -> None:
                     raise ConfigError(f"{path} must be >= 0")
             elif value <= 0:
                 raise ConfigError(f"{path} must be > 0")
+            if path.endswith(".concurrency") and value > MAX_STAGE_THREADS:
+                raise ConfigError(f"{path} must be at most {MAX_STAGE_THREADS} (each call runs in a thread "
+                                  "of its own, started with the daemon)")
+    for entry in settings.voices.search_path:
+        if not Path(entry).expanduser().is_absolute():
+            raise ConfigError(f"voices.search_path entry {entry!r} must be an absolute path")
     if not 0 <= settings.server.socket_mode <= 0o777:
         raise ConfigError("server.socket_mode must be a file mode between 0o000 and 0o777")
     if settings.voices.precision not in ("", "fp32", "int8"):

@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import re
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,18 +18,19 @@ from typing import TYPE_CHECKING, Any
 from .bundle import MANIFEST_NAME, read_manifest
 from .cache.key import normalize_text
 from .config import VoiceSettings
-from .errors import EdgedError, NotReady, UnknownVoice
+from .errors import BundleError, EdgedError, NotReady, UnknownVoice
 from .messages import AudioFormat
 from .pipeline import SynthesisRequest, lower_thread_priority
-from .voices import bundle_by_id, voice_dirs
+from .voices import VOICE_ID, bundle_by_id, voice_dirs
 
 if TYPE_CHECKING:
     from .engine import Voice
 
 log = logging.getLogger(__name__)
 
-_VOICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-"""Ids only, never paths: a client must not make the daemon load a directory of its choosing."""
+RETRY_LOAD_S = 10.0
+"""Least time between two tries to load a voice that failed to load."""
+
 
 
 @dataclass(frozen=True)
@@ -55,9 +56,14 @@ class VoiceInfo:
 class VoiceRegistry:
     def __init__(self, settings: VoiceSettings, compute_nice: int = 0) -> None:
         self.settings = settings
-        self.search = [Path(p) for p in settings.search_path] + voice_dirs()
+        self.search = [Path(p).expanduser() for p in settings.search_path] + voice_dirs()
+        for directory in self.search[:len(settings.search_path)]:
+            if not directory.is_dir():
+                log.warning("voices.search_path entry %s is not a directory; no voices there", directory)
         self._infos: dict[str, VoiceInfo] = {}
         self._loads: dict[str, concurrent.futures.Future[Voice]] = {}
+        self._load_started: dict[str, float] = {}
+        """When each voice's latest load began (time.monotonic)."""
         self._lock = threading.Lock()
         self._closing = False
         # Two loader threads: loads overlap (sha256 and onnxruntime release the GIL) on 2 cores.
@@ -70,12 +76,15 @@ class VoiceRegistry:
         info = self._infos.get(voice_id)
         if info is not None:
             return info
-        if not _VOICE_ID.fullmatch(voice_id):
+        if not VOICE_ID.fullmatch(voice_id):
             raise UnknownVoice(f"unknown voice {voice_id[:100]!r}: not a voice id")
         bundle = bundle_by_id(voice_id, self.search)
         if bundle is None:
             raise UnknownVoice(f"unknown voice {voice_id!r}: no bundle with that id is installed")
         manifest = read_manifest(bundle)
+        if manifest.voice_id != voice_id:  # a copy under another name would be a second voice
+            raise BundleError(f"{bundle} holds voice {manifest.voice_id!r}: a bundle's directory must be "
+                              "named by its voice id")
         info = VoiceInfo(voice_id, manifest.version, self.settings.precision or manifest.default_precision,
                          manifest.sample_rate, bundle, manifest.audio_digest)
         self._infos[voice_id] = info
@@ -90,6 +99,7 @@ class VoiceRegistry:
                 future = self._loader.submit(self._load, info)
                 future.add_done_callback(self._log_failure)
                 self._loads[voice_id] = future
+                self._load_started[voice_id] = time.monotonic()
             return future
 
     async def voice(self, voice_id: str, wait_s: float) -> Voice:
@@ -100,6 +110,8 @@ class VoiceRegistry:
                 self.info(voice_id)  # UnknownVoice first if it is not installed at all
                 raise UnknownVoice(f"voice {voice_id!r} is installed but not loaded by this daemon")
             future = self.load(voice_id)
+        elif self._may_retry(voice_id, future):
+            future = self.load(voice_id)
         if not future.done():
             waiting = asyncio.wrap_future(future)
             waiting.add_done_callback(_retrieve)  # its error is raised from `future` below
@@ -107,6 +119,12 @@ class VoiceRegistry:
             if not done:
                 raise NotReady(f"voice {voice_id!r} is still loading")
         return future.result()
+
+    def _may_retry(self, voice_id: str, future: concurrent.futures.Future[Voice]) -> bool:
+        """A failed load is tried again on demand (a bundle may have been half-copied), but not
+        more often than every RETRY_LOAD_S: each try checks tens of MB of weights."""
+        return (self.settings.load_on_demand and future.done() and future.exception() is not None
+                and time.monotonic() - self._load_started.get(voice_id, 0.0) >= RETRY_LOAD_S)
 
     def loaded(self) -> dict[str, Voice]:
         return {vid: f.result() for vid, f in list(self._loads.items()) if f.done() and not f.exception()}
@@ -123,7 +141,8 @@ class VoiceRegistry:
         for voice_id in sorted(ids):
             try:
                 info = self.info(voice_id)
-            except EdgedError:
+            except EdgedError as exc:  # installed but unusable: say so, and why
+                voices.append({"id": voice_id, "state": "invalid", "error": str(exc)})
                 continue
             entry: dict[str, Any] = {
                 "id": voice_id, "version": info.version, "sample_rate": info.sample_rate,

@@ -66,19 +66,20 @@ class Listener:
 
 
 def serve(config_file: Path | None = None, socket_path: Path | None = None) -> int:
+    # Read before the handlers below: a config that never ends (a FIFO) can still be stopped.
+    settings = load_settings(config_file, socket_path)
     # A SIGTERM before the event loop runs must still mean "stop cleanly", not death by signal.
     early_stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: early_stop.set()) for sig in STOP_SIGNALS}
     previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as once running, see _run
     try:
-        return _serve(config_file, socket_path, early_stop)
+        return _serve(settings, early_stop)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
-def _serve(config_file: Path | None, socket_path: Path | None, early_stop: threading.Event) -> int:
-    settings = load_settings(config_file, socket_path)
+def _serve(settings: Settings, early_stop: threading.Event) -> int:
     if logging.getLogger().level > logging.INFO:
         logging.getLogger("edged").setLevel(logging.INFO)
     _limit_malloc_arenas(settings.server.malloc_arenas)  # before any thread starts

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from .bundle import MANIFEST_NAME
 from .errors import UnknownVoice
 
 DEFAULT_VOICE = "en_US-joe-medium"
+
+VOICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+"""Ids only, never paths: a client must not make the daemon load a directory of its choosing."""
 
 
 def voice_dirs() -> list[Path]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
+from edged.bundle import MANIFEST_NAME
 from edged.client import DaemonUnreachable, UnixConnection
 
 REPO = Path(__file__).resolve().parent.parent
@@ -180,6 +181,8 @@ def other_voice(root: Path, bundle_dir: Path) -> Path:
     other = voices / OTHER_VOICE
     other.mkdir(parents=True, exist_ok=True)
     for file in bundle_dir.iterdir():
-        if not (other / file.name).exists():
+        if file.name != MANIFEST_NAME and not (other / file.name).exists():
             (other / file.name).symlink_to(file)
+    manifest = json.loads((bundle_dir / MANIFEST_NAME).read_text(encoding="utf-8"))
+    (other / MANIFEST_NAME).write_text(json.dumps({**manifest, "voice_id": OTHER_VOICE}), encoding="utf-8")
     return voices

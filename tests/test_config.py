@@ -48,6 +48,9 @@ def test_partial_tables_keep_other_defaults(tmp_path: Path) -> None:
     ("[cache]\nchunk_bytes = 0\n", "[cache] chunk_bytes must be > 0"),
     ("[cache]\ndirectory = 0\n", "cache.directory must be Path"),
     ("[cache]\nttl_seconds = \"\"\n", "cache.ttl_seconds must be float"),
+    ("[pipeline.back]\nconcurrency = 2000\n", "pipeline.back.concurrency must be at most 64"),  # 2,000 threads
+    ("[voices]\nsearch_path = [\"voices\"]\n", "must be an absolute path"),  # relative to what?
+    ("[voices]\nsearch_path = [\"\"]\n", "must be an absolute path"),
 ])
 def test_bad_config_is_refused_with_the_setting_named(tmp_path: Path, text: str, message: str) -> None:
     config = tmp_path / "edged.toml"
@@ -90,3 +93,15 @@ def test_empty_optional_settings_mean_none_and_a_cache_directory_may_start_with_
     assert settings.cache.ttl_seconds is None and settings.cache.directory is None
     config.write_text('[cache]\ndirectory = "~/audio-cache"\n')
     assert load_settings(config, env={}).cache.resolved_directory() == Path.home() / "audio-cache"
+
+
+def test_a_config_file_may_start_with_a_byte_order_mark(tmp_path: Path) -> None:
+    config = tmp_path / "edged.toml"
+    config.write_bytes("\ufeff[pipeline]\nqueue_size = 3\n".encode())
+    assert load_settings(config, env={}).pipeline.queue_size == 3
+
+
+def test_a_search_path_may_start_with_a_tilde(tmp_path: Path) -> None:
+    config = tmp_path / "edged.toml"
+    config.write_text('[voices]\nsearch_path = ["~/voices"]\n')
+    assert load_settings(config, env={}).voices.search_path == ["~/voices"]

@@ -341,7 +341,6 @@ def test_a_voice_rebuilt_under_the_same_version_is_not_served_its_old_audio(tmp_
     manifest_path = voices / OTHER_VOICE / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
     manifest["inference"]["length_scale"] = 1.5  # a rebuild that speaks more slowly, same version
-    manifest_path.unlink()  # a link to the shared bundle's manifest: replaced, not written through
     manifest_path.write_text(json.dumps(manifest))
     with Daemon(tmp_path / "d", config) as second:
         rebuilt = second.request("POST", "/v1/synthesize", body)

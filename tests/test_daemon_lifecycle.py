@@ -182,7 +182,8 @@ def test_daemon_exits_non_zero_when_its_default_voice_cannot_load(tmp_path: Path
     voices = tmp_path / "voices"
     broken = voices / "xx_XX-broken"
     broken.mkdir(parents=True)
-    (broken / "manifest.json").write_bytes((bundle_dir / "manifest.json").read_bytes())
+    manifest = json.loads((bundle_dir / "manifest.json").read_text())
+    (broken / "manifest.json").write_text(json.dumps({**manifest, "voice_id": "xx_XX-broken"}))
     for name in json.loads((bundle_dir / "manifest.json").read_text())["files"]:
         (broken / name).write_bytes(b"damaged")  # wrong size: refused by the manifest check
     config = f'[voices]\ndefault = "xx_XX-broken"\nsearch_path = ["{voices}"]\n'
@@ -332,3 +333,19 @@ def test_a_client_that_reads_slowly_does_not_keep_others_waiting(tmp_path: Path,
         while not rest.endswith(b"\r\n0\r\n\r\n"):  # it reads the rest: the stream goes on to its end
             rest += slow.recv(1 << 16)
         wait_for(lambda: daemon.status()["synthesis"]["completed"] == 2)
+
+
+def test_a_config_that_never_ends_can_still_be_stopped(tmp_path: Path) -> None:
+    # A FIFO with no writer blocks the read; SIGTERM must end the daemon, not resume the read.
+    fifo = tmp_path / "edged.toml"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([sys.executable, "-m", "edged", "serve", "--socket", str(tmp_path / "s.sock"),
+                             "--config", str(fifo)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(1.0)
+        assert proc.poll() is None  # still reading its configuration
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) != 0
+    finally:
+        proc.kill()
+        proc.wait()

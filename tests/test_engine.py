@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +17,8 @@ from edged.engine import EngineSettings, SynthesisParams, Voice
 from edged.errors import BadInput, BundleError, UnknownVoice
 from edged.voices import find_bundle
 from edged.windows import Window
+
+REPO = Path(__file__).resolve().parent.parent
 
 MEDIUM = "The quick brown fox jumps over the lazy dog, then it runs far away into the forest."
 
@@ -262,3 +266,14 @@ def test_twelve_frames_of_context_make_exact_joins(bundle_dir: Path) -> None:
     assert voice.manifest.streaming.context == 12
     assert snr(Window(40, 60, 28, 72)) > 100  # exact, not merely close
     assert snr(Window(40, 60, 36, 64)) < 80  # 4 frames are not enough: the check can tell
+
+
+@pytest.mark.parametrize("name", ["garbage", "not a voice id"])
+def test_the_builder_answers_bad_input_in_one_line(tmp_path: Path, name: str) -> None:
+    model = tmp_path / f"{name}.onnx"
+    model.write_bytes(b"not an onnx model")
+    Path(f"{model}.json").write_text("{}")
+    done = subprocess.run([sys.executable, "-m", "tools.build_voice", "--onnx", str(model), "--out",
+                           str(tmp_path / "out")], cwd=REPO, capture_output=True, timeout=120, check=False)
+    assert done.returncode == 2 and b"Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "out" / name).exists() and not list((tmp_path / "out").glob(".*"))

@@ -11,16 +11,26 @@ import argparse
 import hashlib
 import json
 import shutil
+import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import google.protobuf.message
 import onnx
 import onnxruntime as ort
 
-from edged.bundle import MANIFEST_NAME, Manifest, Streaming, file_digest, read_manifest, verify_files
+from edged.bundle import (
+    MANIFEST_NAME,
+    Manifest,
+    Streaming,
+    file_digest,
+    read_manifest,
+    verify_files,
+)
 from edged.errors import BundleError
+from edged.voices import VOICE_ID
 
 from . import graphs, quantize, quantize_report
 
@@ -146,10 +156,13 @@ def build(model_path: Path, config_path: Path, out_root: Path, version: str) -> 
         )
         (staging / MANIFEST_NAME).write_text(manifest.to_json(), encoding="utf-8")
         progress.step(f"installing bundle at {bundle_dir}")
-        if bundle_dir.exists():
-            shutil.rmtree(bundle_dir)
         staging.chmod(0o755)
+        # The old bundle is moved aside, not deleted in place: no moment without a whole bundle.
+        old = staging.with_name(staging.name + ".old")
+        if bundle_dir.exists():
+            bundle_dir.rename(old)
         staging.rename(bundle_dir)
+        shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return bundle_dir
@@ -168,14 +181,33 @@ def main(argv: list[str] | None = None) -> int:
         model_path, config_path = args.onnx, args.config or Path(f"{args.onnx}.json")
     else:
         model_path, config_path = default_source()
-    args.out.mkdir(parents=True, exist_ok=True)
     voice_id = model_path.name.removesuffix(".onnx")
-    if args.if_stale and is_current(args.out / voice_id, build_key(model_path, config_path, args.version)):
-        print(args.out / voice_id)
-        return 0
-    bundle = build(model_path, config_path, args.out, args.version)
+    if not VOICE_ID.fullmatch(voice_id):
+        print(f"build_voice: {voice_id!r} is not a voice id the daemon accepts (letters, digits, . _ -): "
+              "rename the .onnx", file=sys.stderr)
+        return 2
+    # SIGTERM and SIGHUP end the build as Ctrl-C does: through the finally that removes staging.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupted)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        if args.if_stale and is_current(args.out / voice_id, build_key(model_path, config_path, args.version)):
+            print(args.out / voice_id)
+            return 0
+        bundle = build(model_path, config_path, args.out, args.version)
+    except (OSError, KeyError, ValueError, TypeError, graphs.CutError, BundleError,
+            google.protobuf.message.DecodeError) as exc:  # bad input: one line, not a traceback
+        print(f"build_voice: cannot build from {model_path}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("build_voice: interrupted; nothing installed", file=sys.stderr)
+        return 130
     print(bundle)
     return 0
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -1,0 +1,66 @@
+"""The daemon's voices as installed: named by their directories, listed even when unusable,
+and loaded again once a failed bundle is whole."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from edged import registry
+from edged.config import VoiceSettings
+from edged.errors import BundleError
+from edged.registry import VoiceRegistry
+
+
+def _install(bundle_dir: Path, voices: Path, name: str, voice_id: str | None = None) -> Path:
+    target = voices / name
+    shutil.copytree(bundle_dir, target)
+    manifest = json.loads((target / "manifest.json").read_text())
+    (target / "manifest.json").write_text(json.dumps({**manifest, "voice_id": voice_id or name}))
+    return target
+
+
+def _registry(voices: Path) -> VoiceRegistry:
+    return VoiceRegistry(VoiceSettings(search_path=[str(voices)], probe_text=""))
+
+
+def test_a_bundle_under_another_name_is_refused_and_listed_as_invalid(tmp_path: Path, bundle_dir: Path) -> None:
+    # A copy named "alias" holding another voice id would be a second copy of that voice in memory
+    # and in the cache, out of reach of invalidation by its id.
+    voices = tmp_path / "voices"
+    _install(bundle_dir, voices, "alias", voice_id="en_US-joe-medium")
+    (voices / "garbled").mkdir()
+    (voices / "garbled" / "manifest.json").write_text("{not json")
+    voices_registry = _registry(voices)
+    with pytest.raises(BundleError, match="named by its voice id"):
+        voices_registry.info("alias")
+    listed = {v["id"]: v for v in voices_registry.describe()}
+    assert listed["alias"]["state"] == "invalid" and "named by its voice id" in listed["alias"]["error"]
+    assert listed["garbled"]["state"] == "invalid" and "manifest" in listed["garbled"]["error"]
+    voices_registry.close()
+
+
+def test_a_voice_that_failed_to_load_is_tried_again_once_whole(tmp_path: Path, bundle_dir: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    voices = tmp_path / "voices"
+    bundle = _install(bundle_dir, voices, "xx_XX-copied")
+    kept = bundle / "back.int8.onnx"
+    kept.rename(tmp_path / "back.int8.onnx")  # a copy that has not finished
+
+    async def scenario() -> None:
+        voices_registry = _registry(voices)
+        with pytest.raises(BundleError, match="missing file"):
+            await voices_registry.voice("xx_XX-copied", 30)
+        (tmp_path / "back.int8.onnx").rename(kept)  # the copy finishes
+        with pytest.raises(BundleError, match="missing file"):  # not at once: each try hashes MBs
+            await voices_registry.voice("xx_XX-copied", 30)
+        monkeypatch.setattr(registry, "RETRY_LOAD_S", 0.0)
+        voice = await voices_registry.voice("xx_XX-copied", 30)
+        assert voice.voice_id == "xx_XX-copied"
+        voices_registry.close()
+
+    asyncio.run(scenario())
