@@ -81,6 +81,11 @@ class VoiceRegistry:
         bundle = bundle_by_id(voice_id, self.search)
         if bundle is None:
             raise UnknownVoice(f"unknown voice {voice_id!r}: no bundle with that id is installed")
+        hidden = [d / voice_id for d in self.search if (d / voice_id / MANIFEST_NAME).is_file()
+                  and (d / voice_id).resolve() != bundle.resolve()]
+        if hidden:
+            log.warning("voice %s: using %s; also found in %s, not used", voice_id, bundle,
+                        ", ".join(map(str, hidden)))
         manifest = read_manifest(bundle)
         if manifest.voice_id != voice_id:  # a copy under another name would be a second voice
             raise BundleError(f"{bundle} holds voice {manifest.voice_id!r}: a bundle's directory must be "
@@ -147,6 +152,7 @@ class VoiceRegistry:
             entry: dict[str, Any] = {
                 "id": voice_id, "version": info.version, "sample_rate": info.sample_rate,
                 "default": voice_id == self.settings.default, "state": "installed",
+                "directory": str(info.bundle_dir),  # the first of the search path that holds it
             }
             future = self._loads.get(voice_id)
             if future is not None:
@@ -160,6 +166,10 @@ class VoiceRegistry:
                     entry.update(state="loaded", precision=voice.precision, providers=voice.providers)
             voices.append(entry)
         return voices
+
+    def loads_running(self) -> list[str]:
+        """Voices whose load has not finished."""
+        return [voice_id for voice_id, future in list(self._loads.items()) if not future.done()]
 
     def close(self) -> None:
         self._closing = True

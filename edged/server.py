@@ -88,10 +88,18 @@ def _serve(settings: Settings, early_stop: threading.Event) -> int:
     daemon = Daemon(settings)
     try:
         daemon.start_loading()  # threads: the engine imports and loads while the HTTP layer imports
-        return asyncio.run(_run(daemon, listener, early_stop))
+        code = asyncio.run(_run(daemon, listener, early_stop))
     finally:
         listener.close()
         daemon.close()
+    stuck = daemon.registry.loads_running()
+    if stuck:
+        # A load blocked in a read (a hung disk, a FIFO) cannot be stopped, and its thread would
+        # be waited for at exit: everything else is closed and flushed by now, so leave without it.
+        log.warning("voice load of %s still running at exit; not waiting for it", ", ".join(stuck))
+        logging.shutdown()
+        os._exit(code)
+    return code
 
 
 def open_listener(settings: Settings) -> Listener:

@@ -349,3 +349,22 @@ def test_a_config_that_never_ends_can_still_be_stopped(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_voice_load_stuck_in_a_read_does_not_keep_the_daemon_alive(tmp_path: Path, bundle_dir: Path) -> None:
+    # A graph file that never answers (a FIFO here; a hung disk in the field): the load cannot be
+    # stopped, but SIGTERM must still end the daemon.
+    voices = tmp_path / "voices"
+    stuck = voices / "xx_XX-stuck"
+    stuck.mkdir(parents=True)
+    for file in bundle_dir.iterdir():
+        if file.name not in ("manifest.json", "back.int8.onnx"):
+            (stuck / file.name).symlink_to(file)
+    manifest = json.loads((bundle_dir / "manifest.json").read_text())
+    (stuck / "manifest.json").write_text(json.dumps({**manifest, "voice_id": "xx_XX-stuck"}))
+    os.mkfifo(stuck / "back.int8.onnx")
+    config = f'[voices]\ndefault = "xx_XX-stuck"\nsearch_path = ["{voices}"]\nverify = false\n'
+    daemon = Daemon(tmp_path / "d", config).start()
+    daemon.wait_state("LOADING")
+    assert daemon.stop(timeout=20) == 0
+    assert "still running at exit" in daemon.log_text()

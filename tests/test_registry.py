@@ -64,3 +64,17 @@ def test_a_voice_that_failed_to_load_is_tried_again_once_whole(tmp_path: Path, b
         voices_registry.close()
 
     asyncio.run(scenario())
+
+
+def test_the_first_of_two_bundles_with_one_id_is_used_and_the_other_named(
+        tmp_path: Path, bundle_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    _install(bundle_dir, first, "xx_XX-twin")
+    _install(bundle_dir, second, "xx_XX-twin")
+    voices_registry = VoiceRegistry(VoiceSettings(search_path=[str(first), str(second)], probe_text=""))
+    with caplog.at_level("WARNING", logger="edged.registry"):
+        assert voices_registry.info("xx_XX-twin").bundle_dir == first / "xx_XX-twin"
+    assert str(second / "xx_XX-twin") in caplog.text
+    listed = {v["id"]: v for v in voices_registry.describe()}
+    assert listed["xx_XX-twin"]["directory"] == str(first / "xx_XX-twin")
+    voices_registry.close()
