@@ -45,13 +45,13 @@ def peer_of(sock: socket.socket) -> Peer | None:
 
 
 def _peer_groups(sock: socket.socket) -> tuple[int, ...] | None:
-    for room in (256, 65536):  # group ids; past the first guess the kernel says ERANGE
-        try:
-            raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 4 * room)
-        except OSError:
-            continue
-        return tuple(array.array("I", raw))
-    return None
+    """None where unknown: an old kernel, or a peer in over 256 groups (Python's getsockopt takes
+    at most 1,024 bytes, the kernel answers ERANGE); the group database is asked then."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 1024)
+    except OSError:
+        return None
+    return tuple(array.array("I", raw))
 
 
 def is_admin(peer: Peer | None, admin_group: str) -> bool:

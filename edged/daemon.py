@@ -132,6 +132,7 @@ class Daemon:
             "pid": os.getpid(),
             "voices": self.registry.describe(),
             "admission": {"active": admission.active, "waiting": admission.waiting, "parked": admission.parked,
+                          "resuming": admission.resuming,
                           "capacity": admission.capacity, "queue_size": admission.queue_size,
                           "rejected": admission.rejected, "connections_refused": self.connections_refused},
             "stages": {

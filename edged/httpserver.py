@@ -137,9 +137,12 @@ class EdgedProtocol(HttpToolsProtocol):
         self.transport.close()
 
     def _close_oldest_idle(self) -> bool:
+        # Idle: no request under way and nothing left to send (a response is "complete" in
+        # uvicorn once its last bytes are handed over, which may still wait in the write buffer).
         idle = [c for c in self.server_state.connections
                 if isinstance(c, EdgedProtocol) and c is not self and not c.transport.is_closing()
-                and (c.cycle is None or c.cycle.response_complete)]
+                and (c.cycle is None or c.cycle.response_complete)
+                and c.transport.get_write_buffer_size() == 0]
         if not idle:
             return False
         min(idle, key=lambda c: c.opened_at).transport.abort()

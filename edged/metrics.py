@@ -110,7 +110,10 @@ class _DaemonCollector:
         parked = GaugeMetricFamily("edged_syntheses_parked",
                                    "Syntheses waiting for a slow client, their admission slot given up.")
         parked.add_metric([], admission.parked)
-        yield from (queue, running, calls, timeouts, parked)
+        resuming = GaugeMetricFamily("edged_syntheses_resuming",
+                                     "Parked syntheses whose client wants more, waiting for a slot.")
+        resuming.add_metric([], admission.resuming)
+        yield from (queue, running, calls, timeouts, parked, resuming)
 
         counts = pipeline.counts
         for name, value, doc in (

@@ -165,6 +165,8 @@ class Admission:
         self.active = 0
         self.waiting = 0
         self.parked = 0
+        self.resuming = 0
+        """Parked syntheses whose client wants more, waiting for a slot."""
         self.rejected = 0
 
     async def enter(self) -> None:
@@ -205,12 +207,15 @@ class Admission:
         if self._resuming or self._slots.locked():
             handed = asyncio.get_running_loop().create_future()
             self._resuming.append(handed)
+            self.resuming += 1
             try:
                 await handed
             except asyncio.CancelledError:
                 if handed.done() and not handed.cancelled():
                     self._free_slot()  # handed over as this one was cancelled: pass it on
                 raise
+            finally:
+                self.resuming -= 1
         else:
             await self._slots.acquire()  # free: at once
         self.active += 1
@@ -278,7 +283,7 @@ class Pipeline:
                 if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
                     self.counts.cancelled += 1  # its client hung up while it waited for a slot
                 raise
-            slot = _Slot(self.admission, self.settings.park_after_s)
+            slot = _Slot(self.admission, self.preemption, self.settings.park_after_s)
         finished = False
         try:
             voice = await self.voices.voice(request.voice_id, self.settings.loading_wait_s)
@@ -291,7 +296,7 @@ class Pipeline:
                 latents = await call(self.front, voice.front, ids, params)
                 # Requests waiting for admission: the box is past its capacity, and their wait,
                 # not first audio, is what grows; so decode for throughput (see Voice.windows).
-                throughput = background is not None or self.admission.waiting > 0
+                throughput = background is not None or self.admission.waiting + self.admission.resuming > 0
                 for window in voice.windows(latents, produced, throughput):
                     pcm = await call(self.back, voice.decode, latents, window)
                     self.counts.windows += 1
@@ -312,7 +317,6 @@ class Pipeline:
         finally:
             if slot is not None:
                 slot.release()
-                self.preemption.live_ended()
             if finished:
                 self.counts.completed += 1
 
@@ -323,10 +327,12 @@ class Pipeline:
 
 class _Slot:
     """A live synthesis's admission slot, parked (Admission.park) while its client takes more
-    than `park_after_s` to want the next chunk."""
+    than `park_after_s` to want the next chunk. Parked, it is not live work either: background
+    warm-up may use the CPU meanwhile (edged.preemption)."""
 
-    def __init__(self, admission: Admission, park_after_s: float) -> None:
+    def __init__(self, admission: Admission, preemption: Preemption, park_after_s: float) -> None:
         self.admission = admission
+        self.preemption = preemption
         self.park_after_s = park_after_s
         self.state: Literal["held", "parked", "taking back", "released"] = "held"
         self._timer: asyncio.TimerHandle | None = None
@@ -339,22 +345,28 @@ class _Slot:
         """Called when the client wants the next chunk."""
         self._cancel_timer()
         if self.state == "parked":
-            self.state = "taking back"  # if cancelled in the wait, it holds nothing to give back
+            self.state = "taking back"  # if cancelled in the wait, it holds no slot to give back
+            self.preemption.live_started()
             await self.admission.resume()
             self.state = "held"
 
     def release(self) -> None:
         self._cancel_timer()
+        if self.state == "released":
+            return
         if self.state == "held":
             self.admission.leave()
         elif self.state == "parked":
             self.admission.forget_parked()
+        if self.state != "parked":  # parked, it was no longer counted as live
+            self.preemption.live_ended()
         self.state = "released"
 
     def _park(self) -> None:
         self._timer = None
         self.state = "parked"
         self.admission.park()
+        self.preemption.live_ended()
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:

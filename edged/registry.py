@@ -96,11 +96,14 @@ class VoiceRegistry:
         return info
 
     def load(self, voice_id: str) -> concurrent.futures.Future[Voice]:
-        """Start loading a voice (once); the future holds the loaded Voice or its error."""
-        info = self.info(voice_id)
+        """Start loading a voice (once; again after a failure); the future holds the loaded Voice
+        or its error."""
         with self._lock:
             future = self._loads.get(voice_id)
             if future is None or (future.done() and future.exception() is not None):
+                if future is not None:  # it may have been replaced since: its version, its digest
+                    self._infos.pop(voice_id, None)
+                info = self.info(voice_id)
                 future = self._loader.submit(self._load, info)
                 future.add_done_callback(self._log_failure)
                 self._loads[voice_id] = future

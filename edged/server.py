@@ -168,9 +168,13 @@ async def _run(daemon: Daemon, listener: Listener, early_stop: threading.Event) 
     notify = _notifier()
     notify(f"STATUS={daemon.state.value}")
     daemon.on_state.append(lambda state: notify(f"STATUS={state.value}"))
-    stop = asyncio.Event()
+    stop, stop_now = asyncio.Event(), asyncio.Event()
+
+    def stop_signal() -> None:  # the first asks for a drain, a second to cut it short
+        (stop_now if stop.is_set() else stop).set()
+
     for sig in STOP_SIGNALS:
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, stop_signal)
     if early_stop.is_set():
         stop.set()
     # Until configuration reload exists (SIGHUP), a reload must not kill the daemon.
@@ -200,7 +204,7 @@ async def _run(daemon: Daemon, listener: Listener, early_stop: threading.Event) 
             await stopping
         daemon.set_state(State.DRAINING)
         notify("STOPPING=1")
-        await _drain(http, daemon.settings.server.drain_timeout_s, stop)
+        await _drain(http, daemon.settings.server.drain_timeout_s, stop_now)
     finally:
         await daemon.close_cache()  # after the drain: its queued disk writes are flushed
         ready.cancel()
@@ -213,11 +217,11 @@ async def _run(daemon: Daemon, listener: Listener, early_stop: threading.Event) 
     return exit_code
 
 
-async def _drain(http: HttpServer, timeout_s: float, stop: asyncio.Event) -> None:
-    """Let running requests finish within `timeout_s`; a second stop signal cuts it short."""
-    stop.clear()
+async def _drain(http: HttpServer, timeout_s: float, stop_now: asyncio.Event) -> None:
+    """Let running requests finish within `timeout_s`; `stop_now` (a second stop signal) cuts it
+    short."""
     draining = asyncio.create_task(http.drain(timeout_s))
-    again = asyncio.create_task(stop.wait())
+    again = asyncio.create_task(stop_now.wait())
     try:
         await asyncio.wait({draining, again}, return_when=asyncio.FIRST_COMPLETED)
         if not draining.done():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import pytest
 from pipeline_helpers import Loaded, request_for, slot_held
@@ -134,6 +134,17 @@ def _pipeline(voice: Voice, park_after_s: float) -> Pipeline:
     return Pipeline(PipelineSettings(max_active=1, queue_size=4, park_after_s=park_after_s), Loaded(voice))
 
 
+async def _parked(voice: Voice) -> tuple[Pipeline, AsyncGenerator[bytes, None]]:
+    """A one-slot pipeline whose live synthesis gave its first chunk and is parked: its client
+    has not asked for more."""
+    pipeline = _pipeline(voice, park_after_s=0.05)
+    slow = pipeline.synthesize_stream(request_for(voice, LONG_ENOUGH))
+    await anext(slow)
+    await asyncio.sleep(0.2)
+    assert pipeline.admission.parked == 1
+    return pipeline, slow
+
+
 def test_a_slow_client_lends_its_slot_and_gets_one_back_first(voice: Voice) -> None:
     # A client reading at playback speed must not hold the box's only slot idle: while it has not
     # asked for its next chunk, another request is served; when it asks, it goes before new ones.
@@ -155,6 +166,7 @@ def test_a_slow_client_lends_its_slot_and_gets_one_back_first(voice: Voice) -> N
         # The slow client asks for more while `other` runs, and a new request queues behind it.
         more = asyncio.create_task(anext(slow))
         await asyncio.sleep(0.05)
+        assert pipeline.admission.resuming == 1 and pipeline.admission.parked == 0
         newer = asyncio.create_task(drain("newer", "A request that came later."))
         await asyncio.wait_for(more, 30)
         order.append("slow")
@@ -171,11 +183,7 @@ def test_a_slow_client_lends_its_slot_and_gets_one_back_first(voice: Voice) -> N
 
 def test_a_parked_synthesis_whose_client_leaves_gives_back_nothing(voice: Voice) -> None:
     async def scenario() -> None:
-        pipeline = _pipeline(voice, park_after_s=0.05)
-        slow = pipeline.synthesize_stream(request_for(voice, LONG_ENOUGH))
-        await anext(slow)
-        await asyncio.sleep(0.2)
-        assert pipeline.admission.parked == 1
+        pipeline, slow = await _parked(voice)
         await slow.aclose()  # it hung up while parked: no slot to give back
         assert pipeline.admission.active == 0 and pipeline.admission.parked == 0
         async for _ in pipeline.synthesize_stream(request_for(voice, "Still one slot.")):
@@ -184,3 +192,18 @@ def test_a_parked_synthesis_whose_client_leaves_gives_back_nothing(voice: Voice)
         pipeline.close()
 
     asyncio.run(scenario())
+
+
+def test_a_parked_synthesis_lets_background_work_run(voice: Voice) -> None:
+    # A client listening at playback speed for minutes must not stop cache warm-up meanwhile.
+    async def scenario() -> None:
+        pipeline, slow = await _parked(voice)
+        warmed = [chunk async for chunk in pipeline.synthesize_stream(
+            request_for(voice, "Warmed while the listener listens."), Background())]
+        assert sum(map(len, warmed)) > voice.sample_rate  # done while the live stream was parked
+        async for _ in slow:
+            pass
+        assert pipeline.counts.completed == 2 and pipeline.admission.parked == 0
+        pipeline.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))

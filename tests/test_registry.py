@@ -78,3 +78,32 @@ def test_the_first_of_two_bundles_with_one_id_is_used_and_the_other_named(
     listed = {v["id"]: v for v in voices_registry.describe()}
     assert listed["xx_XX-twin"]["directory"] == str(first / "xx_XX-twin")
     voices_registry.close()
+
+
+def test_a_voice_loaded_on_a_retry_is_described_by_the_bundle_it_loaded(
+        tmp_path: Path, bundle_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Replaced between a failed load and its retry: the version and cache digest are the new
+    # bundle's, not those read before (else its audio would be cached under the old key).
+    voices = tmp_path / "voices"
+    broken = _install(bundle_dir, voices, "xx_XX-swapped")
+    (broken / "back.int8.onnx").unlink()
+    monkeypatch.setattr(registry, "RETRY_LOAD_S", 0.0)
+
+    async def scenario() -> None:
+        voices_registry = _registry(voices)
+        old = voices_registry.info("xx_XX-swapped")
+        with pytest.raises(BundleError):
+            await voices_registry.voice("xx_XX-swapped", 30)
+        fixed = _install(bundle_dir, tmp_path / "staging", "xx_XX-swapped")
+        manifest = json.loads((fixed / "manifest.json").read_text())
+        slower = {**manifest["inference"], "length_scale": 1.2}
+        (fixed / "manifest.json").write_text(json.dumps({**manifest, "version": "2.0.0", "inference": slower}))
+        shutil.rmtree(broken)
+        fixed.rename(broken)  # installed by rename, as the builder does
+        await voices_registry.voice("xx_XX-swapped", 30)
+        new = voices_registry.info("xx_XX-swapped")
+        assert (old.version, new.version) == ("1.0.0", "2.0.0")
+        assert new.bundle_digest != old.bundle_digest
+        voices_registry.close()
+
+    asyncio.run(scenario())
