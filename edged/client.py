@@ -224,7 +224,7 @@ def _cache_warm(args: argparse.Namespace) -> int:
                 answer = get_json(args.socket, "/v1/cache/warm", "POST", {"phrases": batch})
                 break
             except DaemonError as exc:
-                if exc.status != 503:
+                if exc.code != "busy":  # e.g. not_ready (no cache): asking again would not help
                     raise
                 time.sleep(WARM_POLL_S)  # the daemon's warm-up queue is full: wait for room
         if start is None:  # the daemon's warm-up progress before ours

@@ -117,10 +117,13 @@ def open_output(path: Path | None) -> Iterator[AudioOutput]:
 
 
 def _through_proc(path: Path) -> bool:
-    """Whether a symlink on the way to `path` points into /proc (/dev/stdout -> /proc/self/fd/1):
-    an open file of a process, not one to replace."""
+    """Whether a symlink on the way to `path` points into /proc (/dev/stdout -> /proc/self/fd/1),
+    or its directory is there (/dev/fd/1, /proc/self/fd/1): an open file of a process, not one
+    to replace."""
     current = Path(os.path.abspath(path))
     for _ in range(40):  # the kernel's own limit on symlinks followed
+        if os.path.realpath(current.parent).startswith("/proc/"):
+            return True
         if not current.is_symlink():
             return False
         target = os.readlink(current)

@@ -165,8 +165,6 @@ class Admission:
         self.active = 0
         self.waiting = 0
         self.parked = 0
-        self.resuming = 0
-        """Parked syntheses whose client wants more, waiting for a slot."""
         self.rejected = 0
 
     async def enter(self) -> None:
@@ -207,26 +205,28 @@ class Admission:
         if self._resuming or self._slots.locked():
             handed = asyncio.get_running_loop().create_future()
             self._resuming.append(handed)
-            self.resuming += 1
             try:
                 await handed
             except asyncio.CancelledError:
-                if handed.done() and not handed.cancelled():
+                if handed in self._resuming:
+                    self._resuming.remove(handed)
+                elif not handed.cancelled():
                     self._free_slot()  # handed over as this one was cancelled: pass it on
                 raise
-            finally:
-                self.resuming -= 1
         else:
             await self._slots.acquire()  # free: at once
         self.active += 1
 
+    @property
+    def resuming(self) -> int:
+        """Parked syntheses whose client wants more, waiting for a slot."""
+        return len(self._resuming)
+
     def _free_slot(self) -> None:
-        while self._resuming:
-            handed = self._resuming.popleft()
-            if not handed.done():
-                handed.set_result(None)  # straight to a parked synthesis
-                return
-        self._slots.release()
+        if self._resuming:
+            self._resuming.popleft().set_result(None)  # straight to a parked synthesis
+        else:
+            self._slots.release()
 
 
 @dataclass
@@ -284,6 +284,7 @@ class Pipeline:
                     self.counts.cancelled += 1  # its client hung up while it waited for a slot
                 raise
             slot = _Slot(self.admission, self.preemption, self.settings.park_after_s)
+            call = functools.partial(_live_call, slot)
         finished = False
         try:
             voice = await self.voices.voice(request.voice_id, self.settings.loading_wait_s)
@@ -300,12 +301,9 @@ class Pipeline:
                 for window in voice.windows(latents, produced, throughput):
                     pcm = await call(self.back, voice.decode, latents, window)
                     self.counts.windows += 1
-                    if slot is None:
-                        yield pcm
-                    else:
+                    if slot is not None:
                         slot.park_if_slow()
-                        yield pcm
-                        await slot.take_back()
+                    yield pcm
                 produced += latents.n_frames
             finished = True
         except (asyncio.CancelledError, GeneratorExit):
@@ -342,7 +340,7 @@ class _Slot:
         self._timer = asyncio.get_running_loop().call_later(self.park_after_s, self._park)
 
     async def take_back(self) -> None:
-        """Called when the client wants the next chunk."""
+        """Called before work, once the client wanted the next chunk."""
         self._cancel_timer()
         if self.state == "parked":
             self.state = "taking back"  # if cancelled in the wait, it holds no slot to give back
@@ -372,6 +370,13 @@ class _Slot:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+async def _live_call(slot: _Slot, stage: Stage, fn: Callable[..., T], *args: object) -> T:
+    """A live synthesis's stage call: its admission slot first, if it was parked meanwhile
+    (taken back only when there is work, not to find the text at its end)."""
+    await slot.take_back()
+    return await stage.run(fn, *args)
 
 
 def _next_piece(pieces: Iterator[list[int]], run_options: object = None) -> list[int] | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import threading
 import time
@@ -21,7 +22,7 @@ from .config import VoiceSettings
 from .errors import BundleError, EdgedError, NotReady, UnknownVoice
 from .messages import AudioFormat
 from .pipeline import SynthesisRequest, lower_thread_priority
-from .voices import VOICE_ID, bundle_by_id, voice_dirs
+from .voices import VOICE_ID, bundles_by_id, voice_dirs
 
 if TYPE_CHECKING:
     from .engine import Voice
@@ -62,8 +63,8 @@ class VoiceRegistry:
                 log.warning("voices.search_path entry %s is not a directory; no voices there", directory)
         self._infos: dict[str, VoiceInfo] = {}
         self._loads: dict[str, concurrent.futures.Future[Voice]] = {}
-        self._load_started: dict[str, float] = {}
-        """When each voice's latest load began (time.monotonic)."""
+        self._failed_at: dict[str, float] = {}
+        """When each voice's latest load failed (time.monotonic)."""
         self._lock = threading.Lock()
         self._closing = False
         # Two loader threads: loads overlap (sha256 and onnxruntime release the GIL) on 2 cores.
@@ -78,11 +79,11 @@ class VoiceRegistry:
             return info
         if not VOICE_ID.fullmatch(voice_id):
             raise UnknownVoice(f"unknown voice {voice_id[:100]!r}: not a voice id")
-        bundle = bundle_by_id(voice_id, self.search)
-        if bundle is None:
+        found = bundles_by_id(voice_id, self.search)
+        if not found:
             raise UnknownVoice(f"unknown voice {voice_id!r}: no bundle with that id is installed")
-        hidden = [d / voice_id for d in self.search if (d / voice_id / MANIFEST_NAME).is_file()
-                  and (d / voice_id).resolve() != bundle.resolve()]
+        bundle = found[0]  # the first in the search path
+        hidden = [other for other in found[1:] if other.resolve() != bundle.resolve()]
         if hidden:
             log.warning("voice %s: using %s; also found in %s, not used", voice_id, bundle,
                         ", ".join(map(str, hidden)))
@@ -101,13 +102,9 @@ class VoiceRegistry:
         with self._lock:
             future = self._loads.get(voice_id)
             if future is None or (future.done() and future.exception() is not None):
-                if future is not None:  # it may have been replaced since: its version, its digest
-                    self._infos.pop(voice_id, None)
-                info = self.info(voice_id)
-                future = self._loader.submit(self._load, info)
-                future.add_done_callback(self._log_failure)
+                future = self._loader.submit(self._load, self.info(voice_id))
+                future.add_done_callback(functools.partial(self._after_failure, voice_id))
                 self._loads[voice_id] = future
-                self._load_started[voice_id] = time.monotonic()
             return future
 
     async def voice(self, voice_id: str, wait_s: float) -> Voice:
@@ -132,7 +129,7 @@ class VoiceRegistry:
         """A failed load is tried again on demand (a bundle may have been half-copied), but not
         more often than every RETRY_LOAD_S: each try checks tens of MB of weights."""
         return (self.settings.load_on_demand and future.done() and future.exception() is not None
-                and time.monotonic() - self._load_started.get(voice_id, 0.0) >= RETRY_LOAD_S)
+                and time.monotonic() - self._failed_at.get(voice_id, 0.0) >= RETRY_LOAD_S)
 
     def loaded(self) -> dict[str, Voice]:
         return {vid: f.result() for vid, f in list(self._loads.items()) if f.done() and not f.exception()}
@@ -178,9 +175,13 @@ class VoiceRegistry:
         self._closing = True
         self._loader.shutdown(wait=False, cancel_futures=True)
 
-    def _log_failure(self, future: concurrent.futures.Future[Voice]) -> None:
+    def _after_failure(self, voice_id: str, future: concurrent.futures.Future[Voice]) -> None:
         if future.cancelled() or future.exception() is None:
             return
+        # The bundle may be replaced before the retry: its facts (version, digest: the cache
+        # key's) are read again by the next request, before its key is made.
+        self._infos.pop(voice_id, None)
+        self._failed_at[voice_id] = time.monotonic()
         if self._closing:  # a load cut short by the daemon's exit (its pools are shut down)
             log.info("voice load stopped at exit: %s", future.exception())
         else:

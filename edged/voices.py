@@ -29,16 +29,13 @@ def find_bundle(voice: str, search: list[Path] | None = None) -> Path:
     if voice and (as_path / MANIFEST_NAME).is_file():
         return as_path
     if "/" not in voice and voice not in ("", ".", ".."):
-        found = bundle_by_id(voice, search if search is not None else voice_dirs())
-        if found is not None:
-            return found
+        found = bundles_by_id(voice, search if search is not None else voice_dirs())
+        if found:
+            return found[0]
     raise UnknownVoice(f"unknown voice {voice!r}: no bundle with that id or directory")
 
 
-def bundle_by_id(voice_id: str, search: list[Path]) -> Path | None:
-    """The first bundle named `voice_id` in the `search` directories (the caller checks the id)."""
-    for root in search:
-        candidate = root / voice_id
-        if (candidate / MANIFEST_NAME).is_file():
-            return candidate
-    return None
+def bundles_by_id(voice_id: str, search: list[Path]) -> list[Path]:
+    """Every bundle named `voice_id` in the `search` directories, in their order: the first is the
+    one used (the caller checks the id)."""
+    return [root / voice_id for root in search if (root / voice_id / MANIFEST_NAME).is_file()]

@@ -11,6 +11,7 @@ import wave
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 
 def _edged(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
@@ -105,13 +106,15 @@ def test_serve_is_the_default_command_and_takes_its_options(tmp_path: Path) -> N
     assert with_default_command(["synth", "serve"]) == ["synth", "serve"]
 
 
-def test_synth_to_dev_stdout_writes_where_it_points_without_replacing_it(tmp_path: Path, bundle_dir: Path) -> None:
+@pytest.mark.parametrize("name", ["/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"])
+def test_synth_to_dev_stdout_writes_where_it_points_without_replacing_it(tmp_path: Path, bundle_dir: Path,
+                                                                         name: str) -> None:
     # The shell opened the file to append after other output: ours must follow it, untouched.
     out = tmp_path / "log.bin"
     out.write_bytes(b"PREFIX")
     with open(out, "ab") as appended:
         result = subprocess.run([sys.executable, "-m", "edged", "synth", "Hi.", "--voice", str(bundle_dir),
-                                 "-o", "/dev/stdout"], stdout=appended, stderr=subprocess.PIPE, timeout=120,
+                                 "-o", name], stdout=appended, stderr=subprocess.PIPE, timeout=120,
                                 check=False)
     assert result.returncode == 0, result.stderr
     data = out.read_bytes()
