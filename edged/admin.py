@@ -24,7 +24,6 @@ SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
 
 @dataclass(frozen=True)
 class Peer:
-    pid: int
     uid: int
     gid: int
     groups: tuple[int, ...] | None
@@ -40,8 +39,8 @@ def peer_of(sock: socket.socket) -> Peer | None:
         raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     except OSError:
         return None
-    pid, uid, gid = struct.unpack("3i", raw)
-    return Peer(pid, uid, gid, _peer_groups(sock))
+    _pid, uid, gid = struct.unpack("3i", raw)
+    return Peer(uid, gid, _peer_groups(sock))
 
 
 def _peer_groups(sock: socket.socket) -> tuple[int, ...] | None:

@@ -163,7 +163,7 @@ class CacheService:
             # Runs only if the phrase is neither cached nor being synthesized already.
             self._warming[key.digest] = background
             try:
-                # The registry's rules (load_on_demand; a failed load is not tried again), no deadline.
+                # The registry's rules (load_on_demand; a failed load tried again after a while), no deadline.
                 await self.registry.voice(info.voice_id, math.inf)
                 audio = False
                 async for chunk in self.pipeline.synthesize_stream(request, background):
@@ -208,5 +208,6 @@ class CacheService:
 def _key(request: SynthesisRequest) -> CacheKey:
     from .cache import CacheKey
 
-    return CacheKey.make(request.text, request.voice_id, request.voice_version, request.speed, CACHED_FORMAT,
-                         request.precision, request.bundle_digest)
+    # The request's text is normalized already (VoiceInfo.request): not again over 100k characters.
+    return CacheKey(request.text, request.voice_id, request.voice_version, float(request.speed), CACHED_FORMAT,
+                    request.precision, request.bundle_digest)

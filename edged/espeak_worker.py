@@ -59,29 +59,20 @@ class EspeakProcess:
     def phonemize(self, voice: str, text: str) -> list[list[str]]:
         """Phonemes (characters) of each sentence of `text`, as piper-tts's phonemizer gives them."""
         with self._lock:
-            line, died_of = self._ask(voice, text)
-            if line == b"" and died_of not in CRASH_SIGNALS:
-                # Killed from outside mid-text (the OOM killer, an operator): not the text's doing.
-                line, died_of = self._ask(voice, text)
-                if line == b"" and died_of not in CRASH_SIGNALS:
-                    raise NotReady("espeak-ng, which reads the text, was killed twice while reading it; "
-                                   "try again")
-            if line is None:
-                raise BadInput(f"espeak-ng took over {self.timeout_s:g} s to read this text; it was not spoken")
-            if not line:
-                raise BadInput("espeak-ng, which reads the text, crashed on it; it was not spoken")
-            try:
-                reply: dict[str, Any] = json.loads(line)
-            except ValueError:  # out of step with us: its next line could answer another text
-                self._lose(self._child, "answered out of protocol")  # type: ignore[arg-type]
-                raise BadInput("espeak-ng failed on this text; it was not spoken") from None
+            for _attempt in range(2):  # a child killed from outside gets the text again, once
+                reply = self._ask(voice, text)
+                if reply is not None:
+                    break
+            else:
+                raise NotReady("espeak-ng, which reads the text, was killed twice while reading it; try again")
         if "error" in reply:
             raise BadInput(f"espeak-ng could not read the text: {reply['error']}")
         return reply["sentences"]  # type: ignore[no-any-return]
 
-    def _ask(self, voice: str, text: str) -> tuple[bytes | None, int | None]:
-        """The child's reply line: b"" if it died (and the signal that killed it), None if it stalled.
-        A child that died or stalled is replaced by the next call."""
+    def _ask(self, voice: str, text: str) -> dict[str, Any] | None:
+        """The child's reply to `text`; None if the child was killed from outside while it read
+        (the OOM killer, an operator: not the text's doing). BadInput if it crashed or stalled on
+        the text. A child that died or stalled is replaced by the next call."""
         child = self._running()
         assert child.stdin is not None and child.stdout is not None
         try:
@@ -92,11 +83,17 @@ class EspeakProcess:
             line = b""
         if line is None:
             self._lose(child, "stalled on a text")
-        elif not line:
+            raise BadInput(f"espeak-ng took over {self.timeout_s:g} s to read this text; it was not spoken")
+        if not line:
             self._lose(child, "died on a text")
-            if child.returncode is not None and child.returncode < 0:
-                return line, -child.returncode
-        return line, None
+            if -(child.returncode or 0) not in CRASH_SIGNALS:
+                return None
+            raise BadInput("espeak-ng, which reads the text, crashed on it; it was not spoken")
+        try:
+            return json.loads(line)  # type: ignore[no-any-return]
+        except ValueError:  # out of step with us: its next line could answer another text
+            self._lose(child, "answered out of protocol")
+            raise BadInput("espeak-ng failed on this text; it was not spoken") from None
 
     def close(self) -> None:
         with self._lock:

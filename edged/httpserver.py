@@ -20,7 +20,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from .admin import Peer, peer_of
+from .admin import peer_of
 from .app import App
 from .asgi import error_json
 from .daemon import Daemon
@@ -73,7 +73,8 @@ class EdgedProtocol(HttpToolsProtocol):
             log.debug("closing a new connection: %d are open, all busy", self.max_open)
             transport.abort()
             return
-        self.peer = peer_credentials(transport)
+        sock = transport.get_extra_info("socket")
+        self.peer = None if sock is None else peer_of(sock)  # as the kernel saw it at connect time
         self._arm_header_timer()
 
     def data_received(self, data: bytes) -> None:
@@ -168,12 +169,6 @@ class EdgedProtocol(HttpToolsProtocol):
             self.transport.close()
 
 
-def peer_credentials(transport: asyncio.BaseTransport) -> Peer | None:
-    """The peer of a connection's Unix socket (edged.admin.peer_of), taken when it connected."""
-    sock = transport.get_extra_info("socket")
-    return None if sock is None else peer_of(sock)
-
-
 class _IntendedCutOff(logging.Filter):
     """Requests the daemon ends on purpose, which uvicorn would log as errors: a stream whose
     client stopped reading (the app returns early, uvicorn closes the connection), and a request
@@ -191,16 +186,23 @@ class HttpServer:
         self.state = state
         self.metrics = metrics
 
-    async def drain(self, timeout_s: float) -> None:
-        """Stop accepting, close idle connections, give running requests `timeout_s` to finish,
-        then cancel what is left."""
+    async def drain(self, timeout_s: float, cut_short: asyncio.Event | None = None) -> None:
+        """Stop accepting, close idle connections, give running requests `timeout_s` to finish
+        (or until `cut_short` is set), then cancel what is left."""
         loop = asyncio.get_running_loop()
         self.server.close()
         for connection in list(self.state.connections):
             connection.shutdown()  # idle: closed now; busy: closed after its response
         deadline = loop.time() + timeout_s
-        while self.state.tasks and loop.time() < deadline:
-            await asyncio.wait(set(self.state.tasks), timeout=deadline - loop.time())
+        cut = asyncio.ensure_future((cut_short or asyncio.Event()).wait())
+        try:
+            while self.state.tasks and loop.time() < deadline and not cut.done():
+                await asyncio.wait({*self.state.tasks, cut}, timeout=deadline - loop.time(),
+                                   return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            cut.cancel()
+        if self.state.tasks and cut_short is not None and cut_short.is_set():
+            log.warning("second stop signal: not waiting for running requests")
         if self.state.tasks:
             log.warning("cancelling %d request(s) still running after %g s", len(self.state.tasks), timeout_s)
             for task in self.state.tasks:

@@ -27,14 +27,11 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 from .config import Settings, load_settings, socket_path
 from .daemon import Daemon, State
 from .errors import AlreadyRunning, ConfigError
-
-if TYPE_CHECKING:
-    from .httpserver import HttpServer  # imported while the voices load (see _run)
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +91,9 @@ def _serve(settings: Settings, early_stop: threading.Event) -> int:
         daemon.close()
     stuck = daemon.registry.loads_running()
     if stuck:
-        # A load blocked in a read (a hung disk, a FIFO) cannot be stopped, and its thread would
-        # be waited for at exit: everything else is closed and flushed by now, so leave without it.
+        # A load blocked in a read (a hung disk, a FIFO) cannot be stopped, and the threads it
+        # runs in (the registry's, and the engine's that open sessions in parallel) would be
+        # waited for at exit: everything else is closed and flushed by now, so leave without it.
         log.warning("voice load of %s still running at exit; not waiting for it", ", ".join(stuck))
         logging.shutdown()
         os._exit(code)
@@ -204,7 +202,7 @@ async def _run(daemon: Daemon, listener: Listener, early_stop: threading.Event) 
             await stopping
         daemon.set_state(State.DRAINING)
         notify("STOPPING=1")
-        await _drain(http, daemon.settings.server.drain_timeout_s, stop_now)
+        await http.drain(daemon.settings.server.drain_timeout_s, cut_short=stop_now)
     finally:
         await daemon.close_cache()  # after the drain: its queued disk writes are flushed
         ready.cancel()
@@ -215,22 +213,6 @@ async def _run(daemon: Daemon, listener: Listener, early_stop: threading.Event) 
         http.close()
         daemon.set_state(State.STOPPED)
     return exit_code
-
-
-async def _drain(http: HttpServer, timeout_s: float, stop_now: asyncio.Event) -> None:
-    """Let running requests finish within `timeout_s`; `stop_now` (a second stop signal) cuts it
-    short."""
-    draining = asyncio.create_task(http.drain(timeout_s))
-    again = asyncio.create_task(stop_now.wait())
-    try:
-        await asyncio.wait({draining, again}, return_when=asyncio.FIRST_COMPLETED)
-        if not draining.done():
-            log.warning("second stop signal: not waiting for running requests")
-            draining.cancel()
-            await asyncio.gather(draining, return_exceptions=True)
-            await http.drain(0)
-    finally:
-        again.cancel()
 
 
 def _raise_open_files_limit() -> None:

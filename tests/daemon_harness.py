@@ -138,8 +138,10 @@ class Daemon:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
 
-def post_raw(body: bytes, path: str = "/v1/synthesize") -> bytes:
-    """A request written by hand, for a client that behaves badly on purpose."""
+def post_raw(body: bytes | dict[str, Any], path: str = "/v1/synthesize") -> bytes:
+    """A request written by hand, for a client that behaves badly on purpose (a dict is sent as JSON)."""
+    if isinstance(body, dict):
+        body = json.dumps(body).encode("utf-8")
     return (f"POST {path} HTTP/1.1\r\nHost: edged\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
@@ -174,15 +176,32 @@ def wait_for(predicate: Any, timeout: float = 10.0, interval: float = 0.02) -> A
     raise AssertionError("condition not met in time")
 
 
+def install_as(voices: Path, bundle_dir: Path, voice_id: str, manifest_id: str | None = None,
+               skip: tuple[str, ...] = ()) -> Path:
+    """The default bundle installed again as `voices/voice_id`: its files linked (but those in
+    `skip`), its manifest a copy naming `manifest_id` (default: `voice_id`). Returns the bundle."""
+    bundle = voices / voice_id
+    bundle.mkdir(parents=True, exist_ok=True)
+    for file in bundle_dir.iterdir():
+        if file.name not in (MANIFEST_NAME, *skip) and not (bundle / file.name).exists():
+            (bundle / file.name).symlink_to(file)
+    manifest = json.loads((bundle_dir / MANIFEST_NAME).read_text(encoding="utf-8"))
+    (bundle / MANIFEST_NAME).write_text(json.dumps({**manifest, "voice_id": manifest_id or voice_id}),
+                                        encoding="utf-8")
+    return bundle
+
+
 def other_voice(root: Path, bundle_dir: Path) -> Path:
     """The default bundle installed a second time as OTHER_VOICE under root/voices (a daemon loads
     it on first use only); returns that voices directory."""
-    voices = root / "voices"
-    other = voices / OTHER_VOICE
-    other.mkdir(parents=True, exist_ok=True)
-    for file in bundle_dir.iterdir():
-        if file.name != MANIFEST_NAME and not (other / file.name).exists():
-            (other / file.name).symlink_to(file)
-    manifest = json.loads((bundle_dir / MANIFEST_NAME).read_text(encoding="utf-8"))
-    (other / MANIFEST_NAME).write_text(json.dumps({**manifest, "voice_id": OTHER_VOICE}), encoding="utf-8")
-    return voices
+    install_as(root / "voices", bundle_dir, OTHER_VOICE)
+    return root / "voices"
+
+
+def edgectl(*args: str, socket_path: Path, stdin: bytes | None = None, **run: Any) -> subprocess.CompletedProcess[bytes]:
+    """edgectl as a user runs it ($EDGED_SOCKET pointing at `socket_path`); `run` goes to subprocess.run."""
+    env = {**os.environ, "EDGED_SOCKET": str(socket_path)}  # honoured when --socket is not given
+    options: dict[str, Any] = {"timeout": 60, "stderr": subprocess.PIPE, **run}
+    options.setdefault("stdout", subprocess.PIPE)
+    return subprocess.run([sys.executable, "-c", "import sys; from edged.client import main; sys.exit(main())",
+                           *args], check=False, cwd=REPO, env=env, input=stdin, **options)

@@ -24,10 +24,11 @@ def request_for(voice: Voice, text: str) -> SynthesisRequest:
 
 
 async def slot_held(voice: Voice, queue_size: int, text: str = "Your timer is done.",
-                    ) -> tuple[Pipeline, AsyncGenerator[bytes, None]]:
-    """A pipeline with one admission slot, held by a live synthesis of `text` that has yielded its
-    first chunk (and holds the slot until it is closed: its client is never too slow)."""
-    pipeline = Pipeline(PipelineSettings(max_active=1, queue_size=queue_size, park_after_s=3600),
+                    park_after_s: float = 3600) -> tuple[Pipeline, AsyncGenerator[bytes, None]]:
+    """A pipeline with one admission slot, taken by a live synthesis of `text` that has yielded
+    its first chunk: it holds the slot until it is closed, unless its client (the caller) stays
+    away for `park_after_s` (then the synthesis is parked)."""
+    pipeline = Pipeline(PipelineSettings(max_active=1, queue_size=queue_size, park_after_s=park_after_s),
                         Loaded(voice))
     holder = pipeline.synthesize_stream(request_for(voice, text))
     await anext(holder)

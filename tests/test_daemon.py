@@ -222,7 +222,7 @@ def test_requests_the_parser_rejects_get_a_json_400(daemon: Daemon, request_byte
 def test_client_disconnect_stops_its_synthesis(daemon: Daemon) -> None:
     before = daemon.status()["synthesis"]
     sock = daemon.connect()
-    sock.sendall(post_raw(json.dumps({"text": LONG_TEXT, "format": "pcm"}).encode()))
+    sock.sendall(post_raw({"text": LONG_TEXT, "format": "pcm"}))
     status, _ = read_head(sock)
     assert status == 200
     sock.close()  # hang up after the first audio; the rest would be ~3 minutes of speech
@@ -246,7 +246,7 @@ def test_client_that_never_reads_is_cut_off_without_buffering(daemon: Daemon) ->
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(str(daemon.socket))
-    sock.sendall(post_raw(json.dumps({"text": LONG_TEXT, "format": "pcm"}).encode()))
+    sock.sendall(post_raw({"text": LONG_TEXT, "format": "pcm"}))
     # Never read: the daemon's writes stall, and after the output timeout (1.5 s here) it gives up.
     after = wait_for(lambda: (s := daemon.status())["synthesis"]["write_stalls"] > before["write_stalls"]
                      and s["admission"]["active"] == 0 and s["synthesis"], timeout=15)

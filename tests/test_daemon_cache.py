@@ -9,8 +9,6 @@ import shutil
 import signal
 import socket
 import struct
-import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -21,9 +19,9 @@ from daemon_harness import (
     LONG_TEXT,
     MEDIUM,
     OTHER_VOICE,
-    REPO,
     Daemon,
     Reply,
+    edgectl,
     other_voice,
     post_raw,
     read_head,
@@ -146,7 +144,7 @@ def test_warm_up_fills_the_cache_and_reports_progress(cached: Daemon) -> None:
 def test_a_request_for_a_phrase_being_warmed_does_not_wait_behind_live_work(cached: Daemon) -> None:
     # A live synthesis that stays about: its client asks for minutes of audio and never reads them.
     stalled = cached.connect()
-    stalled.sendall(post_raw(json.dumps({"text": LONG_TEXT, "format": "pcm"}).encode("utf-8")))
+    stalled.sendall(post_raw({"text": LONG_TEXT, "format": "pcm"}))
     try:
         wait_for(lambda: cached.status()["admission"]["active"] == 1)
         phrase = "Warmed while another client holds a synthesis."
@@ -164,12 +162,12 @@ def test_a_warm_up_that_joined_a_refused_live_request_waits_its_turn(tmp_path: P
     config = "[pipeline]\nmax_active = 1\nqueue_timeout_s = 0.5\n"
     with Daemon(tmp_path / "d", config) as daemon:
         holder = daemon.connect()  # holds the only slot, and never reads
-        holder.sendall(post_raw(json.dumps({"text": LONG_TEXT, "format": "pcm"}).encode("utf-8")))
+        holder.sendall(post_raw({"text": LONG_TEXT, "format": "pcm"}))
         phrase = "Warmed after a refused live request."
         try:
             wait_for(lambda: daemon.status()["admission"]["active"] == 1)
             queued = daemon.connect()
-            queued.sendall(post_raw(json.dumps({"text": phrase}).encode("utf-8")))
+            queued.sendall(post_raw({"text": phrase}))
             wait_for(lambda: daemon.status()["admission"]["waiting"] == 1)
             assert daemon.request("POST", "/v1/cache/warm", {"phrases": [phrase]}).status == 202
             assert read_head(queued)[0] == 503  # no slot within 0.5 s; the warm-up had joined it
@@ -315,15 +313,11 @@ def test_edgectl_cache_warm_and_clear(cached: Daemon, tmp_path: Path) -> None:
     voice = cached.get("/v1/voices").json()["default"]
     phrases = tmp_path / "phrases.txt"
     phrases.write_text(f"Edgectl warm one.\n\n# a comment\n{voice}\tEdgectl warm two.\n", encoding="utf-8")
-    env = {**os.environ, "EDGED_SOCKET": str(cached.socket)}
-    run = [sys.executable, "-c", "import sys; from edged.client import main; sys.exit(main())"]
-    warm = subprocess.run([*run, "cache", "warm", str(phrases)], cwd=REPO, env=env, capture_output=True,
-                          timeout=60, check=False)
+    warm = edgectl("cache", "warm", str(phrases), socket_path=cached.socket)
     assert warm.returncode == 0, warm.stderr
     assert b"2/2" in warm.stderr
     assert _synth(cached, "Edgectl warm two.").headers["x-edged-cache"] == "hit"
-    clear = subprocess.run([*run, "cache", "clear", "--voice", voice], cwd=REPO, env=env,
-                           capture_output=True, timeout=60, check=False)
+    clear = edgectl("cache", "clear", "--voice", voice, socket_path=cached.socket)
     assert clear.returncode == 0, clear.stderr
     assert b"cleared voice" in clear.stdout
     assert _synth(cached, "Edgectl warm two.").headers["x-edged-cache"] == "miss"
@@ -356,9 +350,6 @@ def test_edgectl_warms_more_than_one_request_holds_and_counts_only_its_failures(
         wait_for(lambda: daemon.status()["cache"]["warm"]["failed"] == 1)
         phrases = tmp_path / "phrases.txt"  # over the 10,000 phrases one request may carry
         phrases.write_text("A phrase warmed many times.\n" * 12_000, encoding="utf-8")
-        env = {**os.environ, "EDGED_SOCKET": str(daemon.socket)}
-        warm = subprocess.run([sys.executable, "-c", "import sys; from edged.client import main; sys.exit(main())",
-                               "cache", "warm", str(phrases)], cwd=REPO, env=env, capture_output=True,
-                              timeout=120, check=False)
+        warm = edgectl("cache", "warm", str(phrases), socket_path=daemon.socket, timeout=120)
         assert warm.returncode == 0, warm.stderr
         assert b"12000/12000 phrases, 0 failed" in warm.stderr

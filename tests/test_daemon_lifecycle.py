@@ -23,6 +23,7 @@ from daemon_harness import (
     REPO,
     Daemon,
     Reply,
+    install_as,
     other_voice,
     post_raw,
     read_head,
@@ -78,7 +79,7 @@ def test_overload_is_refused_at_once_and_service_resumes(tmp_path: Path, bundle_
             clients = [closing.enter_context(daemon.connect()) for _ in range(8)]
             for i, sock in enumerate(clients):  # 8 requests at once against room for 1 running + 1 waiting
                 text = f"{MEDIUM} Copy {i}."  # distinct: identical ones would share one synthesis (the cache)
-                sock.sendall(post_raw(json.dumps({"text": text, "format": "pcm"}).encode()))
+                sock.sendall(post_raw({"text": text, "format": "pcm"}))
             for sock in clients:
                 status, body = read_head(sock)
                 statuses.append(status)
@@ -269,7 +270,7 @@ def test_a_second_stop_signal_cuts_the_drain_short(tmp_path: Path, bundle_dir: P
     with Daemon(tmp_path, "[server]\ndrain_timeout_s = 60\n[cache]\nenabled = false\n") as daemon, \
             daemon.connect() as stalled:
         # A client that stopped reading: its request would hold the drain for its whole 60 s.
-        stalled.sendall(post_raw(json.dumps({"text": LONG_TEXT, "format": "pcm"}).encode()))
+        stalled.sendall(post_raw({"text": LONG_TEXT, "format": "pcm"}))
         assert read_head(stalled)[0] == 200
         assert daemon.proc is not None
         daemon.proc.send_signal(signal.SIGTERM)
@@ -350,13 +351,7 @@ def test_a_voice_load_stuck_in_a_read_does_not_keep_the_daemon_alive(tmp_path: P
     # A graph file that never answers (a FIFO here; a hung disk in the field): the load cannot be
     # stopped, but SIGTERM must still end the daemon.
     voices = tmp_path / "voices"
-    stuck = voices / "xx_XX-stuck"
-    stuck.mkdir(parents=True)
-    for file in bundle_dir.iterdir():
-        if file.name not in ("manifest.json", "back.int8.onnx"):
-            (stuck / file.name).symlink_to(file)
-    manifest = json.loads((bundle_dir / "manifest.json").read_text())
-    (stuck / "manifest.json").write_text(json.dumps({**manifest, "voice_id": "xx_XX-stuck"}))
+    stuck = install_as(voices, bundle_dir, "xx_XX-stuck", skip=("back.int8.onnx",))
     os.mkfifo(stuck / "back.int8.onnx")
     config = f'[voices]\ndefault = "xx_XX-stuck"\nsearch_path = ["{voices}"]\nverify = false\n'
     daemon = Daemon(tmp_path / "d", config).start()

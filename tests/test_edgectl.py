@@ -3,20 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
-from daemon_harness import REPO, Daemon
-
-
-def edgectl(*args: str, socket_path: Path, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    env = {**os.environ, "EDGED_SOCKET": str(socket_path)}  # honoured when --socket is not given
-    return subprocess.run([sys.executable, "-c", "import sys; from edged.client import main; sys.exit(main())",
-                           *args], check=False, cwd=REPO, env=env, input=stdin, capture_output=True, timeout=60)
+from daemon_harness import Daemon, edgectl
 
 
 def test_synth_writes_a_wav_file_with_real_sizes(daemon: Daemon, tmp_path: Path) -> None:
@@ -67,9 +58,7 @@ def test_synth_output_errors_are_clear_and_leave_no_file(daemon: Daemon, tmp_pat
     done = edgectl("synth", "Hi.", "-o", str(tmp_path), socket_path=daemon.socket)
     assert done.returncode == 2 and b"is a directory" in done.stderr and b"Traceback" not in done.stderr
     # Not seekable: the streaming header stays, and the audio arrives whole.
-    piped = subprocess.run([sys.executable, "-c", "import sys; from edged.client import main; sys.exit(main())",
-                            "--socket", str(daemon.socket), "synth", "Into a pipe.", "-o", "/dev/stdout"],
-                           check=False, cwd=REPO, capture_output=True, timeout=60)
+    piped = edgectl("synth", "Into a pipe.", "-o", "/dev/stdout", socket_path=daemon.socket)
     assert piped.returncode == 0, piped.stderr
     assert piped.stdout[:4] == b"RIFF" and len(piped.stdout) > 22050
     assert list(tmp_path.iterdir()) == []
@@ -94,9 +83,7 @@ def test_audio_on_standard_output_leaves_what_came_before_it(daemon: Daemon, tmp
     out.write_bytes(b"PREFIX")
     with open(out, "r+b") as shared:
         shared.seek(0, 2)
-        done = subprocess.run([sys.executable, "-c", "import sys; from edged.client import main; sys.exit(main())",
-                               "--socket", str(daemon.socket), "synth", "After a prefix."],
-                              stdout=shared, stderr=subprocess.PIPE, cwd=REPO, timeout=60, check=False)
+        done = edgectl("synth", "After a prefix.", socket_path=daemon.socket, stdout=shared)
     assert done.returncode == 0, done.stderr
     data = out.read_bytes()
     assert data.startswith(b"PREFIXRIFF") and len(data) > 22050

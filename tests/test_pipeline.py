@@ -7,9 +7,9 @@ import threading
 from collections.abc import AsyncGenerator, AsyncIterator
 
 import pytest
-from pipeline_helpers import Loaded, request_for, slot_held
+from pipeline_helpers import request_for, slot_held
 
-from edged.config import PipelineSettings, StageSettings
+from edged.config import StageSettings
 from edged.engine import Voice
 from edged.errors import Busy, StageTimeout
 from edged.pipeline import Admission, Pipeline, Stage
@@ -130,17 +130,11 @@ LONG_ENOUGH = ("The parcel you ordered on Monday was left with your neighbour at
 """Several windows of audio: a stream that still has chunks to give after its first."""
 
 
-def _pipeline(voice: Voice, park_after_s: float) -> Pipeline:
-    return Pipeline(PipelineSettings(max_active=1, queue_size=4, park_after_s=park_after_s), Loaded(voice))
-
-
 async def _parked(voice: Voice) -> tuple[Pipeline, AsyncGenerator[bytes, None]]:
     """A one-slot pipeline whose live synthesis gave its first chunk and is parked: its client
     has not asked for more."""
-    pipeline = _pipeline(voice, park_after_s=0.05)
-    slow = pipeline.synthesize_stream(request_for(voice, LONG_ENOUGH))
-    await anext(slow)
-    await asyncio.sleep(0.2)
+    pipeline, slow = await slot_held(voice, queue_size=4, text=LONG_ENOUGH, park_after_s=0.05)
+    await asyncio.sleep(0.2)  # the slow client takes its time with the first chunk
     assert pipeline.admission.parked == 1
     return pipeline, slow
 
@@ -149,11 +143,8 @@ def test_a_slow_client_lends_its_slot_and_gets_one_back_first(voice: Voice) -> N
     # A client reading at playback speed must not hold the box's only slot idle: while it has not
     # asked for its next chunk, another request is served; when it asks, it goes before new ones.
     async def scenario() -> None:
-        pipeline = _pipeline(voice, park_after_s=0.1)
-        slow = pipeline.synthesize_stream(request_for(voice, LONG_ENOUGH))
-        await anext(slow)
-        await asyncio.sleep(0.3)  # the slow client takes its time with the first chunk
-        assert pipeline.admission.parked == 1 and pipeline.admission.active == 0
+        pipeline, slow = await _parked(voice)
+        assert pipeline.admission.active == 0
         order: list[str] = []
 
         async def drain(name: str, text: str) -> None:

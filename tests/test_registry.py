@@ -9,19 +9,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from daemon_harness import install_as
 
 from edged import registry
 from edged.config import VoiceSettings
 from edged.errors import BundleError
 from edged.registry import VoiceRegistry
-
-
-def _install(bundle_dir: Path, voices: Path, name: str, voice_id: str | None = None) -> Path:
-    target = voices / name
-    shutil.copytree(bundle_dir, target)
-    manifest = json.loads((target / "manifest.json").read_text())
-    (target / "manifest.json").write_text(json.dumps({**manifest, "voice_id": voice_id or name}))
-    return target
 
 
 def _registry(voices: Path) -> VoiceRegistry:
@@ -32,7 +25,7 @@ def test_a_bundle_under_another_name_is_refused_and_listed_as_invalid(tmp_path: 
     # A copy named "alias" holding another voice id would be a second copy of that voice in memory
     # and in the cache, out of reach of invalidation by its id.
     voices = tmp_path / "voices"
-    _install(bundle_dir, voices, "alias", voice_id="en_US-joe-medium")
+    install_as(voices, bundle_dir, "alias", manifest_id="en_US-joe-medium")
     (voices / "garbled").mkdir()
     (voices / "garbled" / "manifest.json").write_text("{not json")
     voices_registry = _registry(voices)
@@ -47,7 +40,7 @@ def test_a_bundle_under_another_name_is_refused_and_listed_as_invalid(tmp_path: 
 def test_a_voice_that_failed_to_load_is_tried_again_once_whole(tmp_path: Path, bundle_dir: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     voices = tmp_path / "voices"
-    bundle = _install(bundle_dir, voices, "xx_XX-copied")
+    bundle = install_as(voices, bundle_dir, "xx_XX-copied")
     kept = bundle / "back.int8.onnx"
     kept.rename(tmp_path / "back.int8.onnx")  # a copy that has not finished
 
@@ -69,8 +62,8 @@ def test_a_voice_that_failed_to_load_is_tried_again_once_whole(tmp_path: Path, b
 def test_the_first_of_two_bundles_with_one_id_is_used_and_the_other_named(
         tmp_path: Path, bundle_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     first, second = tmp_path / "first", tmp_path / "second"
-    _install(bundle_dir, first, "xx_XX-twin")
-    _install(bundle_dir, second, "xx_XX-twin")
+    install_as(first, bundle_dir, "xx_XX-twin")
+    install_as(second, bundle_dir, "xx_XX-twin")
     voices_registry = VoiceRegistry(VoiceSettings(search_path=[str(first), str(second)], probe_text=""))
     with caplog.at_level("WARNING", logger="edged.registry"):
         assert voices_registry.info("xx_XX-twin").bundle_dir == first / "xx_XX-twin"
@@ -85,7 +78,7 @@ def test_a_voice_loaded_on_a_retry_is_described_by_the_bundle_it_loaded(
     # Replaced between a failed load and its retry: the version and cache digest are the new
     # bundle's, not those read before (else its audio would be cached under the old key).
     voices = tmp_path / "voices"
-    broken = _install(bundle_dir, voices, "xx_XX-swapped")
+    broken = install_as(voices, bundle_dir, "xx_XX-swapped")
     (broken / "back.int8.onnx").unlink()
     monkeypatch.setattr(registry, "RETRY_LOAD_S", 0.0)
 
@@ -94,7 +87,7 @@ def test_a_voice_loaded_on_a_retry_is_described_by_the_bundle_it_loaded(
         old = voices_registry.info("xx_XX-swapped")
         with pytest.raises(BundleError):
             await voices_registry.voice("xx_XX-swapped", 30)
-        fixed = _install(bundle_dir, tmp_path / "staging", "xx_XX-swapped")
+        fixed = install_as(tmp_path / "staging", bundle_dir, "xx_XX-swapped")
         manifest = json.loads((fixed / "manifest.json").read_text())
         slower = {**manifest["inference"], "length_scale": 1.2}
         (fixed / "manifest.json").write_text(json.dumps({**manifest, "version": "2.0.0", "inference": slower}))

@@ -181,10 +181,11 @@ class AudioCache:
         except BaseException:
             await stream.aclose()
             raise
-        if creator or status == "hit":
-            stream.status = "hit" if status == "hit" else "miss"
-            if not creator:  # joined a read of the disk tier: answered from disk as well
-                self._counters.disk_hits += counted
+        if status == "hit":  # from the disk tier (a memory hit returned above), read or joined
+            stream.status = "hit"
+            self._counters.disk_hits += counted
+        elif creator:
+            stream.status = "miss"
         else:
             stream.status = "joined"
             self._counters.joined += counted
@@ -196,11 +197,7 @@ class AudioCache:
         try:
             if self._disk_readable():
                 entry = await self._read(self.disk.get, digest)  # type: ignore[union-attr]
-                fresh = entry is not None and self._fresh(entry.meta, time.time())
-                if counted:  # a stale entry is a miss (its row is dropped below)
-                    self._counters.disk_hits += fresh
-                    self._counters.disk_misses += not fresh
-                if entry is not None and fresh:
+                if entry is not None and self._fresh(entry.meta, time.time()):
                     self._remember(entry)
                     self._write(self.disk.touch, digest)  # type: ignore[union-attr]
                     flight.resolve("hit")
@@ -208,6 +205,7 @@ class AudioCache:
                         flight.append(chunk)
                     flight.finish()
                     return
+                self._counters.disk_misses += counted  # none, or stale (dropped below)
                 if entry is not None:
                     self._counters.stale_dropped += 1
                     self._write(self.disk.delete, digest)  # type: ignore[union-attr]
