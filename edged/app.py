@@ -106,9 +106,10 @@ class App:
             methods = self.routes.get(path)
             if methods is None:
                 raise NotFound(f"no route {path[:200]!r}")
-            handler = methods.get(scope["method"])
+            # HEAD wherever GET is (RFC 9110): uvicorn sends the head of the GET answer, no body.
+            handler = methods.get("GET" if scope["method"] == "HEAD" else scope["method"])
             if handler is None:
-                allow = ", ".join(methods).encode()
+                allow = ", ".join([*methods, *(["HEAD"] if "GET" in methods else [])]).encode()
                 error = MethodNotAllowed(f"{scope['method']} is not allowed on {path}; use {allow.decode()}")
                 await send_error(tracked_send, error, self.settings.server.retry_after_s, [(b"allow", allow)])
             else:

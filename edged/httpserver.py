@@ -65,6 +65,10 @@ class EdgedProtocol(HttpToolsProtocol):
         """Bytes of this request's line and complete headers as the parser hands them over: they
         count also what a read brought after the end of an earlier (pipelined) request."""
         self._refusal: EdgedError | None = None
+        self._earlier: list[Any] = []
+        """Cycles (uvicorn's RequestResponseCycle) of pipelined requests whose responses were
+        still running when a later request's headers came: uvicorn tells only the latest cycle
+        of a hang-up."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -120,6 +124,7 @@ class EdgedProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm_header_timer()
         self._reading_headers = False
+        self._earlier = [c for c in [*self._earlier, self.cycle] if c is not None and not c.response_complete]
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
@@ -151,6 +156,9 @@ class EdgedProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()
+        for cycle in self._earlier:  # their syntheses stop too (uvicorn tells self.cycle only)
+            cycle.disconnected = True
+            cycle.message_event.set()
         super().connection_lost(exc)
 
     def _arm_header_timer(self) -> None:
@@ -164,7 +172,11 @@ class EdgedProtocol(HttpToolsProtocol):
 
     def _headers_too_slow(self) -> None:
         self._header_timer = None
-        if not self.transport.is_closing():
+        if any(c is not None and not c.response_complete for c in [*self._earlier, self.cycle]):
+            # A pipelined request's headers wait behind a response still being sent (uvicorn
+            # stops reading meanwhile): their time starts again once it is done.
+            self._arm_header_timer()
+        elif not self.transport.is_closing():
             log.info("closing a connection that sent no complete headers in %g s", self.header_timeout_s)
             self.transport.close()
 
@@ -172,12 +184,17 @@ class EdgedProtocol(HttpToolsProtocol):
 class _IntendedCutOff(logging.Filter):
     """Requests the daemon ends on purpose, which uvicorn would log as errors: a stream whose
     client stopped reading (the app returns early, uvicorn closes the connection), and a request
-    cancelled when the drain timeout ran out (HttpServer.drain logs that itself)."""
+    cancelled when the drain timeout ran out (HttpServer.drain logs that itself). Also uvicorn's
+    two warnings for every request that asks for a WebSocket upgrade (answered as plain HTTP),
+    which any local client could fill the journal with."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError):
             return False
-        return record.getMessage() != "ASGI callable returned without completing response."
+        message = record.getMessage()
+        return not (message == "ASGI callable returned without completing response."
+                    or message == "Unsupported upgrade request."
+                    or message.startswith("No supported WebSocket library"))
 
 
 class HttpServer:

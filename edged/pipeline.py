@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from .config import PipelineSettings, StageSettings
-from .errors import Busy, StageTimeout
+from .errors import Busy, NotReady, StageTimeout
 from .messages import AudioFormat
 from .preemption import Background, Preemption
 
@@ -288,6 +288,7 @@ class Pipeline:
         finished = False
         try:
             voice = await self.voices.voice(request.voice_id, self.settings.loading_wait_s)
+            _expect_bundle(voice, request)
             from .engine import SynthesisParams  # imported by the voice loader already
 
             params = SynthesisParams(speed=request.speed)
@@ -321,6 +322,14 @@ class Pipeline:
     def close(self) -> None:
         for stage in self.stages:
             stage.close()
+
+
+def _expect_bundle(voice: Voice, request: SynthesisRequest) -> None:
+    """The request's facts (its cache key) were read from the voice's bundle before the voice was
+    loaded; if the bundle was replaced in between, its audio is not what the key stands for."""
+    loaded = (voice.manifest.version, voice.manifest.audio_digest, voice.precision)
+    if loaded != (request.voice_version, request.bundle_digest, request.precision):
+        raise NotReady(f"voice {request.voice_id!r} was replaced while this request was made; ask again")
 
 
 class _Slot:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .bundle import MANIFEST_NAME, read_manifest
+from .bundle import MANIFEST_NAME, Manifest, read_manifest
 from .cache.key import normalize_text
 from .config import VoiceSettings
 from .errors import BundleError, EdgedError, NotReady, UnknownVoice
@@ -87,14 +87,16 @@ class VoiceRegistry:
         if hidden:
             log.warning("voice %s: using %s; also found in %s, not used", voice_id, bundle,
                         ", ".join(map(str, hidden)))
-        manifest = read_manifest(bundle)
+        info = self._info_of(voice_id, bundle, read_manifest(bundle))
+        self._infos[voice_id] = info
+        return info
+
+    def _info_of(self, voice_id: str, bundle: Path, manifest: Manifest) -> VoiceInfo:
         if manifest.voice_id != voice_id:  # a copy under another name would be a second voice
             raise BundleError(f"{bundle} holds voice {manifest.voice_id!r}: a bundle's directory must be "
                               "named by its voice id")
-        info = VoiceInfo(voice_id, manifest.version, self.settings.precision or manifest.default_precision,
+        return VoiceInfo(voice_id, manifest.version, self.settings.precision or manifest.default_precision,
                          manifest.sample_rate, bundle, manifest.audio_digest)
-        self._infos[voice_id] = info
-        return info
 
     def load(self, voice_id: str) -> concurrent.futures.Future[Voice]:
         """Start loading a voice (once; again after a failure); the future holds the loaded Voice
@@ -190,8 +192,11 @@ class VoiceRegistry:
     def _load(self, info: VoiceInfo) -> Voice:
         from .engine import EngineSettings, Voice
 
-        voice = Voice.load(info.bundle_dir, EngineSettings(precision=info.precision,  # type: ignore[arg-type]
+        voice = Voice.load(info.bundle_dir, EngineSettings(precision=self.settings.precision or None,  # type: ignore[arg-type]
                                                            verify=self.settings.verify))
+        # The bundle may have been replaced since its facts were read (a field update before the
+        # voice's first use): from now on they are those of the bundle loaded.
+        self._infos[info.voice_id] = self._info_of(info.voice_id, info.bundle_dir, voice.manifest)
         if self.settings.probe_text:
             # The first window of a probe phrase runs espeak-ng and both graphs: the voice can
             # answer. Only one window: the rest would prove nothing more and delay READY.

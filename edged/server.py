@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import ctypes
 import fcntl
-import functools
 import logging
 import os
 import resource
@@ -24,14 +23,14 @@ import socket
 import stat
 import sys
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from .config import Settings, load_settings, socket_path
 from .daemon import Daemon, State
 from .errors import AlreadyRunning, ConfigError
+from .sdnotify import Notifier, start_watchdog
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +40,6 @@ M_ARENA_MAX = -8
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 MAX_SOCKET_PATH = 107
 """Bytes of a Unix socket's path (sun_path is 108, with the terminating NUL)."""
-MIN_WATCHDOG_INTERVAL_S = 0.05
-"""Pings no closer than this, whatever WATCHDOG_USEC says (1 µs would ping on every loop turn)."""
 
 
 @dataclass
@@ -108,7 +105,7 @@ def open_listener(settings: Settings) -> Listener:
 
         fds = listen_fds()
         if fds:
-            return Listener(socket.socket(fileno=fds[0]), None)
+            return Listener(_activated_socket(fds), None)
     path = socket_path(settings)
     if len(os.fsencode(path)) > MAX_SOCKET_PATH:
         raise ConfigError(f"socket path {path} is too long: a Unix socket path has at most "
@@ -140,6 +137,20 @@ def open_listener(settings: Settings) -> Listener:
     return Listener(sock, path, lock)
 
 
+def _activated_socket(fds: list[int]) -> socket.socket:
+    """The one listening Unix stream socket systemd passed. A TCP socket would put the API on the
+    network, out of reach of the socket's file mode and of the admin peer check."""
+    if len(fds) != 1:
+        raise ConfigError(f"systemd passed {len(fds)} sockets; edged serves one (one ListenStream= path)")
+    sock = socket.socket(fileno=fds[0])
+    if (sock.family, sock.type) != (socket.AF_UNIX, socket.SOCK_STREAM) or not sock.getsockopt(
+            socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+        sock.close()
+        raise ConfigError("the socket systemd passed is not a listening Unix stream socket "
+                          "(ListenStream= with a path)")
+    return sock
+
+
 def _remove_stale(path: Path) -> None:
     try:
         mode = path.lstat().st_mode
@@ -163,7 +174,7 @@ def _remove_stale(path: Path) -> None:
 
 async def _run(daemon: Daemon, listener: Listener, early_stop: threading.Event) -> int:
     loop = asyncio.get_running_loop()
-    notify = _notifier()
+    notify = Notifier.from_environment()
     notify(f"STATUS={daemon.state.value}")
     daemon.on_state.append(lambda state: notify(f"STATUS={state.value}"))
     stop, stop_now = asyncio.Event(), asyncio.Event()
@@ -187,7 +198,7 @@ async def _run(daemon: Daemon, listener: Listener, early_stop: threading.Event) 
 
     await opening
     http = await start_http(daemon, listener.sock)
-    stop_watchdog = _start_watchdog(loop, notify)
+    stop_watchdog = start_watchdog(loop, notify)
     exit_code = 0
     ready = asyncio.create_task(daemon.until_ready())
     stopping = asyncio.create_task(stop.wait())
@@ -212,6 +223,7 @@ async def _run(daemon: Daemon, listener: Listener, early_stop: threading.Event) 
             loop.remove_signal_handler(sig)
         http.close()
         daemon.set_state(State.STOPPED)
+        notify.close()
     return exit_code
 
 
@@ -235,41 +247,3 @@ def _limit_malloc_arenas(arenas: int) -> None:
         return
     if mallopt(M_ARENA_MAX, arenas) != 1:
         log.warning("mallopt(M_ARENA_MAX, %d) failed", arenas)
-
-
-def _notifier() -> Callable[[str], None]:
-    """sd_notify when systemd asked for it (Type=notify), else nothing (no import either)."""
-    if not os.environ.get("NOTIFY_SOCKET"):
-        return lambda message: None
-    from systemd import daemon as sd
-
-    return functools.partial(_notify, sd.notify, set())
-
-
-def _notify(send: Callable[[str], Any], failures_seen: set[int | None], message: str) -> None:
-    try:
-        send(message)
-    except OSError as exc:  # a vanished notify socket must not take the daemon down
-        # Once per kind of failure: the watchdog would repeat it every few seconds for life.
-        if exc.errno not in failures_seen:
-            failures_seen.add(exc.errno)
-            log.warning("sd_notify failed: %s (not logged again for this error)", exc)
-
-
-def _start_watchdog(loop: asyncio.AbstractEventLoop, notify: Callable[[str], None]) -> Callable[[], None]:
-    """WATCHDOG=1 at half of systemd's interval, sent from the event loop (a stuck loop misses it).
-    Returns the function that stops it."""
-    usec = os.environ.get("WATCHDOG_USEC", "")
-    if (not (usec.isascii() and usec.isdigit()) or int(usec) == 0
-            or os.environ.get("WATCHDOG_PID", str(os.getpid())) != str(os.getpid())):
-        return lambda: None  # 0 or garbage means no watchdog, as for sd_watchdog_enabled()
-    interval = max(int(usec) / 2e6, MIN_WATCHDOG_INTERVAL_S)
-    timer: asyncio.TimerHandle | None = None
-
-    def ping() -> None:
-        nonlocal timer
-        notify("WATCHDOG=1")
-        timer = loop.call_later(interval, ping)
-
-    ping()
-    return lambda: timer.cancel() if timer is not None else None

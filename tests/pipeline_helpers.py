@@ -20,7 +20,8 @@ class Loaded:
 
 
 def request_for(voice: Voice, text: str) -> SynthesisRequest:
-    return SynthesisRequest(text, voice.voice_id, voice.manifest.version, voice.precision, voice.sample_rate)
+    return SynthesisRequest(text, voice.voice_id, voice.manifest.version, voice.precision, voice.sample_rate,
+                            bundle_digest=voice.manifest.audio_digest)
 
 
 async def slot_held(voice: Voice, queue_size: int, text: str = "Your timer is done.",

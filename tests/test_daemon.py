@@ -125,6 +125,23 @@ def test_wrong_method_and_unknown_route(daemon: Daemon) -> None:
     assert missing.status == 404 and missing.json()["error"]["code"] == "not_found"
 
 
+def test_head_is_answered_wherever_get_is(daemon: Daemon) -> None:
+    # Health probes and `curl -I` use HEAD; RFC 9110 asks for it wherever GET is.
+    for path in ("/v1/health", "/v1/status", "/metrics"):
+        head, get = daemon.request("HEAD", path), daemon.get(path)
+        assert head.status == 200 and head.body == b""
+        assert head.headers["content-type"] == get.headers["content-type"]
+    wrong = daemon.request("PUT", "/v1/health")
+    assert wrong.status == 405 and wrong.headers["allow"] == "GET, HEAD"
+
+
+def test_websocket_upgrades_are_answered_as_plain_http_without_logging(daemon: Daemon) -> None:
+    for _ in range(3):
+        reply = daemon.request("GET", "/v1/health", headers={"Connection": "Upgrade", "Upgrade": "websocket"})
+        assert reply.status == 200
+    assert "upgrade" not in daemon.log_text().lower()
+
+
 def test_metrics_are_prometheus_text(daemon: Daemon) -> None:
     daemon.request("POST", "/v1/synthesize", {"text": SHORT})
     reply = daemon.get("/metrics")
@@ -219,10 +236,15 @@ def test_requests_the_parser_rejects_get_a_json_400(daemon: Daemon, request_byte
         assert sock.recv(1024) == b""
 
 
-def test_client_disconnect_stops_its_synthesis(daemon: Daemon) -> None:
+PIPELINED_HEALTH = b"GET /v1/health HTTP/1.1\r\nHost: edged\r\n"
+
+
+@pytest.mark.parametrize("pipelined", [b"", PIPELINED_HEALTH + b"\r\n"], ids=["alone", "pipelined"])
+def test_client_disconnect_stops_its_synthesis(daemon: Daemon, pipelined: bytes) -> None:
+    # A request pipelined after the audio one made uvicorn tell only that request of the hang-up.
     before = daemon.status()["synthesis"]
     sock = daemon.connect()
-    sock.sendall(post_raw({"text": LONG_TEXT, "format": "pcm"}))
+    sock.sendall(post_raw({"text": LONG_TEXT, "format": "pcm"}) + pipelined)
     status, _ = read_head(sock)
     assert status == 200
     sock.close()  # hang up after the first audio; the rest would be ~3 minutes of speech
@@ -239,6 +261,19 @@ def test_client_disconnect_stops_its_synthesis(daemon: Daemon) -> None:
     assert daemon.status()["synthesis"]["windows"] == after["windows"]
     # The whole text needs ~60 windows; hanging up after the first leaves most undone.
     assert after["windows"] - before["windows"] < 20
+
+
+def test_a_pipelined_request_still_sending_its_headers_does_not_cut_the_running_stream(daemon: Daemon) -> None:
+    # Its header deadline (1 s here) used to run while the audio before it was still streaming.
+    with daemon.connect() as sock:
+        sock.sendall(post_raw({"text": LONG_TEXT, "format": "pcm"}) + PIPELINED_HEALTH)
+        status, _ = read_head(sock)
+        assert status == 200
+        sock.settimeout(5)
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline:
+            assert sock.recv(65536), "the stream was cut"
+            time.sleep(0.05)  # read at a modest pace: the stream outlasts the header deadline
 
 
 def test_client_that_never_reads_is_cut_off_without_buffering(daemon: Daemon) -> None:

@@ -22,6 +22,7 @@ from daemon_harness import (
     Daemon,
     Reply,
     edgectl,
+    install_as,
     other_voice,
     post_raw,
     read_head,
@@ -353,3 +354,34 @@ def test_edgectl_warms_more_than_one_request_holds_and_counts_only_its_failures(
         warm = edgectl("cache", "warm", str(phrases), socket_path=daemon.socket, timeout=120)
         assert warm.returncode == 0, warm.stderr
         assert b"12000/12000 phrases, 0 failed" in warm.stderr
+
+
+def test_a_voice_replaced_before_its_first_load_never_caches_under_the_old_bundle(
+        tmp_path: Path, bundle_dir: Path) -> None:
+    # A field update by rename after the voice was listed (its facts read) but before it loaded:
+    # the audio of the new bundle must not be stored under the old bundle's key, from where a
+    # rollback to the old bundle would have served it.
+    voices = tmp_path / "voices"
+    old = install_as(voices, bundle_dir, "xx_XX-updated")
+    new = install_as(tmp_path / "staging", bundle_dir, "xx_XX-updated")
+    manifest = json.loads((new / "manifest.json").read_text())
+    slower = {**manifest["inference"], "length_scale": 1.5}
+    (new / "manifest.json").write_text(json.dumps({**manifest, "version": "2.0.0", "inference": slower}))
+    config = f'[voices]\nsearch_path = ["{voices}"]\n'
+    body = {"text": "Updated in the field.", "voice": "xx_XX-updated", "format": "pcm"}
+    with Daemon(tmp_path / "d", config) as daemon:
+        listed = {v["id"]: v for v in daemon.get("/v1/voices").json()["voices"]}
+        assert listed["xx_XX-updated"]["version"] == "1.0.0"
+        old.rename(tmp_path / "previous")
+        new.rename(old)
+        replaced = daemon.request("POST", "/v1/synthesize", body)
+        assert replaced.status == 503 and "replaced" in replaced.json()["error"]["message"]
+        reply = daemon.request("POST", "/v1/synthesize", body)
+        assert reply.status == 200 and reply.headers["x-edged-cache"] == "miss"
+        listed = {v["id"]: v for v in daemon.get("/v1/voices").json()["voices"]}
+        assert listed["xx_XX-updated"]["version"] == "2.0.0"
+    old.rename(tmp_path / "rolled-back")
+    (tmp_path / "previous").rename(old)
+    with Daemon(tmp_path / "d", config) as daemon:
+        reply = daemon.request("POST", "/v1/synthesize", body)
+        assert reply.status == 200 and reply.headers["x-edged-cache"] == "miss"

@@ -238,6 +238,44 @@ def test_socket_passed_by_systemd_is_served_and_left_in_place(tmp_path: Path, bu
         log.close()
 
 
+def _free_tcp_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.skipif(shutil.which("systemd-socket-activate") is None, reason="needs systemd-socket-activate")
+@pytest.mark.parametrize("passed", ["datagram", "tcp", "two"])
+def test_a_socket_passed_by_systemd_that_edged_cannot_serve_alone_is_refused(
+        tmp_path: Path, bundle_dir: Path, passed: str) -> None:
+    # A TCP socket (ListenStream=8080) would have put the API on the network; a datagram one was a
+    # traceback; of two sockets only the first was served and clients of the other hung.
+    first, second, port = tmp_path / "a.sock", tmp_path / "b.sock", _free_tcp_port()
+    listen = {"datagram": ["-d", "-l", str(first)], "tcp": ["-l", f"127.0.0.1:{port}"],
+              "two": ["-l", str(first), "-l", str(second)]}[passed]
+    proc = subprocess.Popen(["systemd-socket-activate", *listen, sys.executable, "-m", "edged", "serve"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        def triggered() -> bool:  # the activator starts the daemon on the first client
+            kind = socket.SOCK_DGRAM if passed == "datagram" else socket.SOCK_STREAM
+            family = socket.AF_INET if passed == "tcp" else socket.AF_UNIX
+            with socket.socket(family, kind) as client:
+                try:
+                    client.connect(("127.0.0.1", port) if passed == "tcp" else str(first))
+                    client.send(b"GET /v1/health HTTP/1.1\r\n\r\n")
+                except OSError:
+                    return False
+            return True
+
+        wait_for(triggered)
+        output, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 2, output.decode()
+        assert b"edged: " in output and b"Traceback" not in output
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_open_connections_are_capped_and_monitoring_still_gets_in(tmp_path: Path, bundle_dir: Path) -> None:
     # Clients holding silent sockets must not use up the daemon's file descriptors (its cache,
     # its espeak-ng pipes): past 4 x max_connections the oldest idle connection is closed.
@@ -308,6 +346,18 @@ def test_a_notify_socket_that_fails_is_logged_once(tmp_path: Path, bundle_dir: P
         time.sleep(1.0)  # ~20 watchdog pings, each failing
         assert daemon.get("/v1/health").status == 200
         assert daemon.log_text().count("sd_notify failed") == 1
+
+
+def test_a_notify_socket_nobody_reads_does_not_stop_the_daemon(tmp_path: Path, bundle_dir: Path) -> None:
+    # The kernel queues ~10 datagrams for a reader that does not read; then sd_notify blocks. It
+    # used to block the event loop: health stopped answering and SIGTERM could not stop it.
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as stalled:
+        stalled.bind(str(tmp_path / "notify.sock"))
+        env = {**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "100000"}
+        with Daemon(tmp_path / "d", env=env) as daemon:
+            time.sleep(1.0)  # ~20 watchdog pings: the queue is full after the first ten messages
+            assert daemon.request("GET", "/v1/health", timeout=5).status == 200
+            assert "not reading its notifications" in daemon.log_text()
 
 
 def test_a_client_that_reads_slowly_does_not_keep_others_waiting(tmp_path: Path, bundle_dir: Path) -> None:
