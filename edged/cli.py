@@ -7,7 +7,15 @@ import logging
 import sys
 from pathlib import Path
 
-from .cliio import InputError, OutputError, check_writable, open_output, read_text
+from .cliio import (
+    InputError,
+    Interrupted,
+    OutputError,
+    check_writable,
+    interrupted_by_signals,
+    open_output,
+    read_text,
+)
 from .errors import BadInput, EdgedError
 
 
@@ -26,7 +34,7 @@ def _synth(args: argparse.Namespace) -> int:
     settings = EngineSettings(precision=args.precision, fixed_shape=args.fixed_shape)
     voice = Voice.load(find_bundle(args.voice), settings)
     chunks = voice.synthesize(text, params, throughput=not args.raw)  # a WAV file is used whole
-    with open_output(output) as out:
+    with interrupted_by_signals(), open_output(output) as out:
         if not args.raw:
             out.write(wav_header(voice.sample_rate))
         for pcm in chunks:
@@ -93,5 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except Interrupted as exc:
+        return 128 + exc.signum
     except KeyboardInterrupt:
         return 130

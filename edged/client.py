@@ -23,7 +23,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .cliio import InputError, OutputError, check_writable, open_output, read_text
+from .cliio import (
+    InputError,
+    Interrupted,
+    OutputError,
+    check_writable,
+    interrupted_by_signals,
+    open_output,
+    read_text,
+)
 from .config import default_socket_path
 from .messages import CONTENT_TYPES, MAX_WARM_PHRASES
 
@@ -297,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.socket is None:
         args.socket = default_socket_path(os.environ)
     try:
-        return int(args.run(args))
+        with interrupted_by_signals():
+            return int(args.run(args))
     except DaemonUnreachable as exc:
         print(f"edgectl: {exc}", file=sys.stderr)
         return 3
@@ -315,5 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UnexpectedAnswer, KeyError, TypeError) as exc:  # another edged version, or not edged
         print(f"edgectl: unexpected answer from the daemon: {exc!r}", file=sys.stderr)
         return 1
+    except Interrupted as exc:
+        return 128 + exc.signum
     except KeyboardInterrupt:
         return 130

@@ -2,8 +2,8 @@
 with `-o`, or standard output). Shared by `edged synth` and `edgectl synth`; standard library
 only, as edgectl starts fast.
 
-A regular file (or a new one) is written beside its target and renamed over it at the end, so a
-failure leaves no half-written file. A device, a FIFO, or a symlink to one of them (`-o /dev/null`,
+A regular file (or a new one) is written beside its target, as a new file of its own, and renamed
+over it at the end, so a failure (or SIGTERM, SIGHUP, Ctrl-C) leaves no half-written file. A device, a FIFO, or a symlink to one of them (`-o /dev/null`,
 `-o /dev/stdout`) is written in place: renaming over it would replace the device itself. Symlinks
 are followed, never replaced.
 """
@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import stat
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -27,6 +29,33 @@ class OutputError(Exception):
 
 class InputError(Exception):
     """The text cannot be read; the message says why."""
+
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGHUP arrived (`timeout`, a closed terminal): the command ends as on Ctrl-C,
+    through the clean-up that removes a partial output file. Exit status 128 + `signum`."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def interrupted_by_signals() -> Iterator[None]:
+    """Raise Interrupted on SIGTERM and SIGHUP while the block runs; a signal ignored by whoever
+    started us (nohup) stays ignored."""
+    def interrupt(signum: int, _frame: object) -> None:
+        raise Interrupted(signum)
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    for sig, handler in previous.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(sig, interrupt)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def read_text(arg: str) -> str:
@@ -99,21 +128,57 @@ def open_output(path: Path | None) -> Iterator[AudioOutput]:
     # /dev/stdout and its like are written where they point, appending: opened afresh, a regular
     # file behind them would be truncated (the shell may have opened it to append).
     in_place = _kind(path) == "special" or _through_proc(path)
-    # realpath: a symlink to a regular file is written through, not replaced.
-    target = path if in_place else Path(os.path.realpath(path))
-    written_to = target if in_place else target.with_name(target.name + ".part")
-    try:
+    if in_place:
         try:
-            file = open(written_to, "ab" if in_place else "wb")  # noqa: SIM115 (closed below)
+            file = open(path, "ab")  # noqa: SIM115 (closed by _closing)
         except OSError as exc:
             raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
-        with file:
-            yield AudioOutput(file, str(path), own_file=not in_place)
-        if not in_place:
-            written_to.replace(target)
+        with _closing(file, path):
+            yield AudioOutput(file, str(path), own_file=False)
+        return
+    # realpath: a symlink to a regular file is written through, not replaced. The file written
+    # is new and ours alone (created exclusively: two runs on one target, or a planted symlink
+    # where it is made, cannot mix into it), with the mode the target has or would get.
+    target = Path(os.path.realpath(path))
+    try:
+        fd, part = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+    try:
+        os.fchmod(fd, _mode_for(target))
+        file = os.fdopen(fd, "wb")
+        with _closing(file, path):
+            yield AudioOutput(file, str(path), own_file=True)
+        os.replace(part, target)
     finally:
-        if not in_place:
-            written_to.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(part)
+
+
+@contextlib.contextmanager
+def _closing(file: BinaryIO, path: Path) -> Iterator[None]:
+    """Close `file`; a failure to (a full disk: the last bytes are flushed then) is an OutputError,
+    unless an error is already on its way out."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(OSError):
+            file.close()
+        raise
+    try:
+        file.close()
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _mode_for(target: Path) -> int:
+    """The permission bits of `target` if it exists, else those a new file gets (0o666 less the umask)."""
+    try:
+        return stat.S_IMODE(os.stat(target).st_mode)
+    except OSError:
+        umask = os.umask(0o022)
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 def _through_proc(path: Path) -> bool:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import subprocess
 import sys
 import threading
+import time
 import wave
 from pathlib import Path
 
@@ -134,3 +136,66 @@ def test_a_wav_too_long_for_its_header_keeps_the_streaming_sizes(tmp_path: Path,
         output.finish_wav()
     assert out.read_bytes()[:44] == wav_header(22050)
     assert "too long for a WAV header" in capsys.readouterr().err
+
+
+LONGER = "This sentence goes on for a while, clause after clause, so that two runs overlap in time. " * 3
+
+
+def _whole_wav(path: Path) -> int:
+    """Frames of a WAV file whose header sizes match the file (not two audios mixed)."""
+    with wave.open(str(path)) as wav:
+        frames = wav.getnframes()
+    assert 44 + 2 * frames == path.stat().st_size
+    return frames
+
+
+def test_two_runs_writing_one_file_leave_one_whole_wav(tmp_path: Path, bundle_dir: Path) -> None:
+    # Both used to write one `out.wav.part`: a traceback, and a file of two audios mixed.
+    out = tmp_path / "same.wav"
+    runs = [subprocess.Popen([sys.executable, "-m", "edged", "synth", text, "--voice", str(bundle_dir), "-o", str(out)],
+                             stderr=subprocess.PIPE) for text in (LONGER, "Other text. " + LONGER)]
+    for run in runs:
+        _, stderr = run.communicate(timeout=120)
+        assert run.returncode == 0, stderr
+    assert _whole_wav(out) > 22050
+    assert [p.name for p in tmp_path.iterdir()] == ["same.wav"]
+
+
+def test_the_file_written_is_new_and_keeps_the_targets_mode(tmp_path: Path, bundle_dir: Path) -> None:
+    # A symlink planted where the old code made its temporary file was followed, its target overwritten.
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (tmp_path / "s.wav.part").symlink_to(victim)
+    private = tmp_path / "s.wav"
+    private.write_bytes(b"")
+    private.chmod(0o600)
+    result = _edged("synth", "Secret.", "--voice", str(bundle_dir), "-o", str(private))
+    assert result.returncode == 0, result.stderr
+    assert victim.read_text() == "precious" and _whole_wav(private) > 0
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600
+    fresh = tmp_path / "new.wav"
+    assert _edged("synth", "New.", "--voice", str(bundle_dir), "-o", str(fresh)).returncode == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o666 & ~umask
+
+
+def test_a_full_device_is_one_line_of_error(tmp_path: Path, bundle_dir: Path) -> None:
+    result = _edged("synth", "Hello.", "--voice", str(bundle_dir), "-o", "/dev/full")
+    assert result.returncode == 2 and b"No space left" in result.stderr
+    assert b"Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_leaves_no_partial_file(tmp_path: Path, bundle_dir: Path, signum: int) -> None:
+    out = tmp_path / "cut.wav"
+    run = subprocess.Popen([sys.executable, "-m", "edged", "synth", LONGER * 4, "--voice", str(bundle_dir),
+                            "-o", str(out)], stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not any(p.name.endswith(".part") for p in tmp_path.iterdir()):  # writing has begun
+        assert run.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    run.send_signal(signum)
+    _, stderr = run.communicate(timeout=60)
+    assert run.returncode == 128 + signum and b"Traceback" not in stderr
+    assert list(tmp_path.iterdir()) == []
