@@ -21,6 +21,9 @@ had a `trim` input; 1: its decoder decoded all of the flow's context)."""
 
 Precision = Literal["fp32", "int8"]
 PIPER_MARKERS = ("^", "$", "_")
+MAX_PHONEME_ID = 1 << 16
+"""Piper's voices have a few hundred phoneme ids; an id past the front graph's embedding table is
+caught when the graph runs (BundleError), this bound keeps absurd ones out of int64 arrays."""
 """Phonemes Piper's id sequence always uses: start, end and the pad between phonemes."""
 MAX_FRAMES = 4096
 """Largest window or context a manifest may ask for (~47 s of audio; memory grows with it)."""
@@ -84,8 +87,9 @@ class Manifest:
                  "sample_rate must be a whole number of Hz between 8000 and 192000")
         _require(_is_int(self.hop_length) and 1 <= self.hop_length <= 4096, "hop_length must be between 1 and 4096")
         _require(isinstance(self.phoneme_id_map, dict) and all(
-            isinstance(ids, list) and ids and all(_is_int(i) and i >= 0 for i in ids)
-            for ids in self.phoneme_id_map.values()), "phoneme_id_map must map phonemes to lists of ids")
+            isinstance(ids, list) and ids and all(_is_int(i) and 0 <= i < MAX_PHONEME_ID for i in ids)
+            for ids in self.phoneme_id_map.values()), f"phoneme_id_map must map phonemes to lists of ids "
+            f"under {MAX_PHONEME_ID}")
         _require(all(p in self.phoneme_id_map for p in PIPER_MARKERS),
                  f"phoneme_id_map lacks one of Piper's markers {PIPER_MARKERS}")
         _require(isinstance(self.inference, dict) and all(

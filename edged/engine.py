@@ -19,6 +19,11 @@ from pathlib import Path
 
 import numpy as np
 from onnxruntime import InferenceSession, RunOptions
+from onnxruntime.capi.onnxruntime_pybind11_state import (
+    Fail,
+    InvalidArgument,
+    RuntimeException,
+)
 
 from .bundle import Manifest, Precision, read_manifest, verify_files
 from .errors import BadInput, BundleError
@@ -137,7 +142,7 @@ class Voice:
             ],
             dtype=np.float32,
         )
-        (frames,) = self._front.run(None, front_feed(ids, scales), run_options)
+        (frames,) = self._run(self._front, "front", front_feed(ids, scales), run_options)
         return Latents(frames)
 
     def windows(self, latents: Latents, produced: int = 0, throughput: bool = False) -> list[Window]:
@@ -159,12 +164,23 @@ class Voice:
     def decode_float(self, latents: Latents, window: Window, run_options: RunOptions | None = None) -> np.ndarray:
         """Audio samples in [-1, 1] for the frames the window keeps."""
         feed = back_feed(latents.frames, window)
-        audio = self._back.run(None, feed, run_options)[0].reshape(-1)
+        audio = self._run(self._back, "back", feed, run_options)[0].reshape(-1)
         if not np.isfinite(audio).all():  # cheap (~0.1 ms a window); else NaN would play as noise
             raise BundleError(f"{self.bundle_dir}: the {self.precision} back graph gave NaN or infinite "
                               "samples: its weights are damaged")
         hop, start = self.manifest.hop_length, window.in_start
         return audio[(window.keep_start - start) * hop : (window.keep_end - start) * hop]
+
+    def _run(self, session: InferenceSession, graph: str, feed: dict[str, np.ndarray],
+             run_options: RunOptions | None) -> list[np.ndarray]:
+        try:
+            return session.run(None, feed, run_options)
+        except (Fail, InvalidArgument, RuntimeException) as exc:
+            if run_options is not None and run_options.terminate:
+                raise  # stopped on purpose (edged.preemption), not the graph's fault
+            # A damaged graph, or a manifest whose ids the graph has no row for.
+            raise BundleError(f"{self.bundle_dir}: the {self.precision} {graph} graph failed: "
+                              f"{str(exc).splitlines()[0][:300]}") from exc
 
     def decode(self, latents: Latents, window: Window, run_options: RunOptions | None = None) -> bytes:
         """16-bit little-endian mono PCM for the frames the window keeps."""

@@ -202,6 +202,7 @@ MANIFEST_DAMAGE = {
     "sample rate 0": (lambda m: m.update(sample_rate=0), "sample_rate"),
     "hop length 0": (lambda m: m.update(hop_length=0), "hop_length"),
     "id map without Piper's markers": (lambda m: m.update(phoneme_id_map={"a": [5]}), "markers"),
+    "phoneme id past any table": (lambda m: m["phoneme_id_map"].update({"a": [2**64]}), "ids under"),
     "window of 0 frames": (lambda m: m["streaming"].update(first_window=0), "at least one frame"),
     "huge context": (lambda m: m["streaming"].update(context=10**9), "streaming.context"),
     "unknown default precision": (lambda m: m.update(default_precision="fp16"), "default_precision"),
@@ -234,6 +235,15 @@ def test_a_graph_onnxruntime_cannot_read_is_a_bundle_error(bundle_dir: Path, tmp
     _with_manifest(copy, lambda m: m["files"].update({"back.int8.onnx": file_digest(graph)}))
     with pytest.raises(BundleError, match="onnxruntime cannot load it"):
         Voice.load(copy, EngineSettings(precision="int8"))
+
+
+def test_a_phoneme_id_the_graph_has_no_row_for_is_a_bundle_error(bundle_dir: Path, tmp_path: Path) -> None:
+    # Within the manifest's bound but past the front graph's embedding table (256 ids here).
+    copy = _copy_bundle(bundle_dir, tmp_path / "bundle")
+    _with_manifest(copy, lambda m: m["phoneme_id_map"].update({"^": [60000]}))
+    voice = Voice.load(copy)
+    with pytest.raises(BundleError, match="front graph failed"):
+        list(voice.synthesize("A cat."))
 
 
 def test_weights_that_give_nan_are_reported_not_played(bundle_dir: Path, tmp_path: Path) -> None:
