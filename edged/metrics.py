@@ -194,6 +194,8 @@ def _cache_metrics(c: dict[str, Any]) -> Iterator[Any]:
     yield GaugeMetricFamily("edged_cache_in_flight", "Syntheses under way through the cache.", value=c["in_flight"])
     yield GaugeMetricFamily("edged_cache_write_queue_bytes", "Audio waiting for the disk writer.",
                             value=c["write_queue_bytes"])
+    yield GaugeMetricFamily("edged_cache_stream_buffer_bytes", "Audio held for the streams of syntheses being cached.",
+                            value=c["stream_buffer_bytes"])
     warm = c["warm"]
     yield GaugeMetricFamily("edged_cache_warm_total", "Warm-up phrases asked for.", value=warm["total"])
     yield GaugeMetricFamily("edged_cache_warm_done", "Warm-up phrases handled.", value=warm["done"])

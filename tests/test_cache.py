@@ -392,6 +392,48 @@ def test_audio_too_long_to_cache_is_streamed_whole_but_not_stored(tmp_path: Path
     run(scenario())
 
 
+def test_audio_held_for_slow_listeners_is_bounded_and_paces_the_synthesis(tmp_path: Path) -> None:
+    # A synthesis runs ahead of its listeners to be cached whole: three listeners that do not
+    # read used to hold all of their audio (up to max_entry_bytes each). Past the stream buffer,
+    # syntheses are no longer cached and wait for their listeners.
+    from edged.cache.flight import HIGH_WATER
+
+    async def scenario() -> None:
+        limit = 1_000_000
+        cache = await AudioCache.open(settings(tmp_path, stream_buffer_bytes=limit))
+        producers = [Producer(chunks=40, size=100_000) for _ in range(3)]
+        streams = [await cache.stream(CacheKey.make(f"text {i}", "v", "1", 1.0, "pcm"), producer,
+                                      sample_rate=RATE) for i, producer in enumerate(producers)]
+        await asyncio.sleep(0.5)  # ample time to produce all 12 MB, were nothing waiting
+        held = cache.stats().stream_buffer_bytes
+        assert held <= limit + 3 * (HIGH_WATER + 100_000)
+        assert all(not p.finished for p in producers)  # paced by the listeners that do not read
+        for stream, producer in zip(streams, producers):
+            assert await stream.read_all() == producer.whole
+            await stream.aclose()
+        stats = cache.stats()
+        assert stats.not_stored >= 2 and stats.stream_buffer_bytes == 0
+        await cache.close()
+
+    run(scenario())
+
+
+def test_every_listener_of_a_hit_shares_the_cached_audio(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        cache = await AudioCache.open(settings(tmp_path))
+        producer = Producer(chunks=8, size=100_000)
+        await fetch(cache, producer)
+        hits = [await cache.stream(KEY, producer, sample_rate=RATE) for _ in range(2)]
+        firsts = [await anext(hit) for hit in hits]
+        assert all(isinstance(chunk, memoryview) for chunk in firsts)  # views, not copies
+        assert firsts[0].obj is firsts[1].obj
+        for hit in hits:
+            await hit.aclose()
+        await cache.close()
+
+    run(scenario())
+
+
 def test_memory_only_when_disk_is_off(tmp_path: Path) -> None:
     async def scenario() -> None:
         cache = await AudioCache.open(settings(tmp_path, disk=False))

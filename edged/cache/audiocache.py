@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from . import generations as gen
 from .diskstore import DiskState, DiskStore, EvictionPolicy
-from .flight import AudioStream, Flight, chunks_of
+from .flight import AudioStream, Flight, Held, chunks_of
 from .key import CacheKey
 from .memory import MemoryTier
 from .record import CachedAudio, EntryMeta, audio_checksum
@@ -71,9 +71,11 @@ class CacheStats:
     stale_dropped: int
     """Entries found expired or invalidated and dropped."""
     not_stored: int
-    """Finished syntheses not stored: too long, or invalidated while running."""
+    """Finished syntheses not stored: too long, over the stream buffer, or invalidated while running."""
     in_flight: int
     write_queue_bytes: int
+    stream_buffer_bytes: int
+    """Audio held for streams (see CacheSettings.stream_buffer_bytes)."""
 
 
 @dataclass
@@ -100,6 +102,7 @@ class AudioCache:
         self._memory = MemoryTier(settings.memory_bytes)
         self._touched: dict[str, float] = {}
         self._flights: dict[str, Flight] = {}
+        self._held = Held(settings.stream_buffer_bytes)
         self._counters = _Counters()
         self._queued = 0
         self._readers = ThreadPoolExecutor(2, thread_name_prefix="edged-cache-read")
@@ -168,7 +171,7 @@ class AudioCache:
             key.voice, key.version, flight.tag)
         if creator:
             flight = Flight(self.settings.max_entry_bytes, self._abandon,
-                            self._generations.snapshot(key.voice, key.version, tag), tag)
+                            self._generations.snapshot(key.voice, key.version, tag), tag, self._held)
             self._flights[digest] = flight
             stream = flight.join()
             flight.task = asyncio.get_running_loop().create_task(
@@ -321,6 +324,7 @@ class AudioCache:
             disk_recoveries=d.recoveries if d else 0,
             joined=c.joined, stale_dropped=c.stale_dropped, not_stored=c.not_stored,
             in_flight=len(self._flights), write_queue_bytes=self._queued,
+            stream_buffer_bytes=self._held.bytes,
         )
 
     # -- helpers ----------------------------------------------------------------------------------

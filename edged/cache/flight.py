@@ -17,24 +17,42 @@ from typing import Literal, Self
 Status = Literal["hit", "miss", "joined"]
 _tokens = itertools.count()
 
-HIGH_WATER = 4 * 1024 * 1024
-"""Once a flight is too long to cache, its producer waits while the slowest stream lags by more
-than this many bytes, so memory stays bounded."""
+HIGH_WATER = 1024 * 1024
+"""Once a flight will not be cached, its producer waits while the slowest stream lags by more
+than this many bytes (~24 s of 22 kHz audio), so memory stays bounded."""
+
+Chunk = bytes | memoryview
 
 
-def chunks_of(audio: bytes, size: int) -> list[bytes]:
-    return [audio[i : i + size] for i in range(0, len(audio), size)]
+def chunks_of(audio: bytes, size: int) -> list[Chunk]:
+    """Views into `audio`, not copies: every stream of a hit shares the one cached audio."""
+    view = memoryview(audio)
+    return [view[i : i + size] for i in range(0, len(audio), size)]
+
+
+class Held:
+    """Audio that flights hold for their streams, all flights together, against a limit. Caching
+    a synthesis means holding its audio until the slowest stream has read it, since the producer
+    runs ahead at full speed; past the limit, a flight being produced is no longer cached, and its
+    producer is paced by its slowest stream (HIGH_WATER). Slow listeners cannot fill memory."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.bytes = 0
 
 
 class Flight:
     def __init__(self, max_bytes: int, on_abandon: Callable[[Flight], None],
-                 generations: tuple[int, int, int, int] = (0, 0, 0, 0), tag: str | None = None) -> None:
+                 generations: tuple[int, int, int, int] = (0, 0, 0, 0), tag: str | None = None,
+                 held: Held | None = None) -> None:
         self.max_bytes = max_bytes
+        self.held = held
+        """Where this flight's buffered bytes are counted (None: a hit, over audio the cache holds)."""
         self.generations = generations
         """Invalidation generations when the flight began (see generations.py)."""
         self.tag = tag
         """Request tag of the flight's creator: its entry is stored under it."""
-        self.chunks: list[bytes] = []
+        self.chunks: list[Chunk] = []
         self.base = 0
         """Index, in the whole chunk sequence, of chunks[0] (chunks are trimmed once uncacheable)."""
         self.size = 0
@@ -66,11 +84,11 @@ class Flight:
         if not self.status.done():
             self.status.set_result(status)
 
-    def append(self, chunk: bytes) -> None:
+    def append(self, chunk: Chunk) -> None:
         self.chunks.append(chunk)
         self.size += len(chunk)
-        self.buffered += len(chunk)
-        if self.cacheable and self.size > self.max_bytes:
+        self._buffer(len(chunk))
+        if self.cacheable and (self.size > self.max_bytes or (self.held and self.held.bytes > self.held.limit)):
             self.cacheable = False
             self._trim()
         self._wake()
@@ -79,6 +97,7 @@ class Flight:
         self.resolve("miss")
         self.done = True
         self.error = error
+        self._release_if_unread()
         self._wake()
 
     async def room(self) -> None:
@@ -110,8 +129,9 @@ class Flight:
             self._on_abandon(self)
         elif not self.cacheable:
             self._trim()
+        self._release_if_unread()
 
-    def _next(self, token: int) -> bytes | None:
+    def _next(self, token: int) -> Chunk | None:
         pos = self._positions[token]
         index = pos - self.base
         if index >= len(self.chunks):
@@ -127,18 +147,29 @@ class Flight:
         low = min(self._positions.values(), default=self.base + len(self.chunks))
         drop = low - self.base
         if drop > 0:
-            self.buffered -= sum(len(c) for c in self.chunks[:drop])
+            self._buffer(-sum(len(c) for c in self.chunks[:drop]))
             del self.chunks[:drop]
             self.base = low
         if self.buffered <= HIGH_WATER:
             self._room.set()
+
+    def _release_if_unread(self) -> None:
+        """A finished flight no stream reads any more holds nothing (the cache keeps its own copy)."""
+        if self.done and not self._positions and self.buffered:
+            self._buffer(-self.buffered)
+            self.chunks.clear()
+
+    def _buffer(self, n: int) -> None:
+        self.buffered += n
+        if self.held is not None:
+            self.held.bytes += n
 
     def _wake(self) -> None:
         more, self._more = self._more, asyncio.Event()
         more.set()
 
 
-class AudioStream(AsyncIterator[bytes]):
+class AudioStream(AsyncIterator[Chunk]):
     """One waiter's view of a flight: chunks from the first, live until the end.
 
     Close it (`aclose()` or `async with`) when done; an unclosed stream leaves its flight when it
@@ -154,7 +185,7 @@ class AudioStream(AsyncIterator[bytes]):
     def __aiter__(self) -> Self:
         return self
 
-    async def __anext__(self) -> bytes:
+    async def __anext__(self) -> Chunk:
         while (flight := self._flight) is not None:
             chunk = flight._next(self._token)
             if chunk is not None:

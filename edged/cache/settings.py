@@ -34,6 +34,10 @@ class CacheSettings:
     max_entry_bytes: int = 16 * MiB
     """Audio longer than this (~6 min) is streamed but not cached, so one long text cannot flush
     the memory tier or hold its whole audio in memory for late joiners."""
+    stream_buffer_bytes: int = 64 * MiB
+    """Audio held for the streams of syntheses being cached, all together: a synthesis runs ahead
+    of its listeners to be stored whole. Past this, a synthesis is streamed without being cached,
+    at its slowest listener's pace, so slow listeners cannot fill memory."""
     chunk_bytes: int = 64 * 1024
     """A hit is streamed in chunks of this size."""
     write_queue_bytes: int = 32 * MiB
@@ -51,7 +55,7 @@ class CacheSettings:
     def __post_init__(self) -> None:
         if self.chunk_bytes <= 0:
             raise ValueError("chunk_bytes must be > 0")
-        for name in ("memory_bytes", "disk_bytes", "max_entry_bytes", "write_queue_bytes",
+        for name in ("memory_bytes", "disk_bytes", "max_entry_bytes", "stream_buffer_bytes", "write_queue_bytes",
                      "touch_interval_seconds", "write_retry_seconds", "disk_timeout_seconds"):
             if not getattr(self, name) >= 0:  # also refuses NaN
                 raise ValueError(f"{name} must be >= 0")
