@@ -83,6 +83,9 @@ class App:
             "/v1/cache": {"DELETE": self.cache_clear},
             "/v1/cache/warm": {"POST": self.cache_warm},
         }
+        for methods in self.routes.values():  # HEAD wherever GET is (RFC 9110); uvicorn sends no body
+            if "GET" in methods:
+                methods["HEAD"] = methods["GET"]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -106,10 +109,9 @@ class App:
             methods = self.routes.get(path)
             if methods is None:
                 raise NotFound(f"no route {path[:200]!r}")
-            # HEAD wherever GET is (RFC 9110): uvicorn sends the head of the GET answer, no body.
-            handler = methods.get("GET" if scope["method"] == "HEAD" else scope["method"])
+            handler = methods.get(scope["method"])
             if handler is None:
-                allow = ", ".join([*methods, *(["HEAD"] if "GET" in methods else [])]).encode()
+                allow = ", ".join(methods).encode()
                 error = MethodNotAllowed(f"{scope['method']} is not allowed on {path}; use {allow.decode()}")
                 await send_error(tracked_send, error, self.settings.server.retry_after_s, [(b"allow", allow)])
             else:

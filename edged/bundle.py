@@ -6,6 +6,8 @@ records each file's sha256 and size; a bundle whose files do not match is refuse
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -21,10 +23,10 @@ had a `trim` input; 1: its decoder decoded all of the flow's context)."""
 
 Precision = Literal["fp32", "int8"]
 PIPER_MARKERS = ("^", "$", "_")
+"""Phonemes Piper's id sequence always uses: start, end and the pad between phonemes."""
 MAX_PHONEME_ID = 1 << 16
 """Piper's voices have a few hundred phoneme ids; an id past the front graph's embedding table is
 caught when the graph runs (BundleError), this bound keeps absurd ones out of int64 arrays."""
-"""Phonemes Piper's id sequence always uses: start, end and the pad between phonemes."""
 MAX_FRAMES = 4096
 """Largest window or context a manifest may ask for (~47 s of audio; memory grows with it)."""
 
@@ -109,7 +111,7 @@ class Manifest:
             "graphs must name, for fp32 and/or int8, a front and a back graph listed in files with their .data")
         _require(self.default_precision in self.graphs, "default_precision must be one of the bundle's graphs")
 
-    @property
+    @functools.cached_property
     def audio_digest(self) -> str:
         """sha256 (hex, 16 digits) of what decides the bundle's audio: its files' digests, voice
         settings and window plan. The version alone does not: a rebuild may keep it."""
@@ -121,7 +123,8 @@ class Manifest:
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def to_json(self) -> str:
-        data = {"format": FORMAT_VERSION, **self.__dict__, "streaming": self.streaming.__dict__}
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # not cached properties
+        data = {"format": FORMAT_VERSION, **fields, "streaming": self.streaming.__dict__}
         return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
     @classmethod

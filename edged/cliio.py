@@ -145,8 +145,12 @@ def open_output(path: Path | None) -> Iterator[AudioOutput]:
     except OSError as exc:
         raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
     try:
-        os.fchmod(fd, _mode_for(target))
         file = os.fdopen(fd, "wb")
+        try:
+            os.fchmod(fd, _mode_for(target))
+        except OSError as exc:
+            file.close()
+            raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
         with _closing(file, path):
             yield AudioOutput(file, str(path), own_file=True)
         os.replace(part, target)

@@ -131,6 +131,10 @@ class EdgedProtocol(HttpToolsProtocol):
         super().on_message_complete()
         self._reading_headers, self._header_bytes, self._tail = True, 0, b""
 
+    def _unsupported_upgrade_warning(self) -> None:
+        """Silent: a request asking for a WebSocket is answered as plain HTTP, and uvicorn's two
+        warnings for each would let any local client fill the journal."""
+
     def _refuse(self, error: EdgedError) -> None:
         """Answer outside the app, as the parser cannot go on, and close."""
         if self.transport.is_closing():
@@ -184,17 +188,12 @@ class EdgedProtocol(HttpToolsProtocol):
 class _IntendedCutOff(logging.Filter):
     """Requests the daemon ends on purpose, which uvicorn would log as errors: a stream whose
     client stopped reading (the app returns early, uvicorn closes the connection), and a request
-    cancelled when the drain timeout ran out (HttpServer.drain logs that itself). Also uvicorn's
-    two warnings for every request that asks for a WebSocket upgrade (answered as plain HTTP),
-    which any local client could fill the journal with."""
+    cancelled when the drain timeout ran out (HttpServer.drain logs that itself)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError):
             return False
-        message = record.getMessage()
-        return not (message == "ASGI callable returned without completing response."
-                    or message == "Unsupported upgrade request."
-                    or message.startswith("No supported WebSocket library"))
+        return record.getMessage() != "ASGI callable returned without completing response."
 
 
 class HttpServer:

@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from .config import PipelineSettings, StageSettings
@@ -51,7 +51,7 @@ class SynthesisRequest:
     format: AudioFormat = "wav"
     """What the client gets: wav (a streaming WAV header, then the PCM) or pcm (the PCM alone).
     The audio source always produces PCM; the header is added on the way out."""
-    bundle_digest: str = ""
+    bundle_digest: str = field(kw_only=True)
     """The voice bundle's Manifest.audio_digest: the version alone may survive a rebuild."""
 
 

@@ -51,7 +51,7 @@ class VoiceInfo:
         cache key's (whitespace normalized), so that what is spoken is what the key stands for:
         long text is cut into blocks by length, and raw runs of spaces could move a cut."""
         return SynthesisRequest(normalize_text(text), self.voice_id, self.version, self.precision,
-                                self.sample_rate, speed, format, self.bundle_digest)
+                                self.sample_rate, speed, format, bundle_digest=self.bundle_digest)
 
 
 class VoiceRegistry:
@@ -62,6 +62,9 @@ class VoiceRegistry:
             if not directory.is_dir():
                 log.warning("voices.search_path entry %s is not a directory; no voices there", directory)
         self._infos: dict[str, VoiceInfo] = {}
+        """Facts read from the manifests of voices not loaded (yet)."""
+        self._loaded_infos: dict[str, VoiceInfo] = {}
+        """Facts of the bundles loaded: final (a voice is loaded once)."""
         self._loads: dict[str, concurrent.futures.Future[Voice]] = {}
         self._failed_at: dict[str, float] = {}
         """When each voice's latest load failed (time.monotonic)."""
@@ -74,7 +77,7 @@ class VoiceRegistry:
 
     def info(self, voice_id: str) -> VoiceInfo:
         """Id, version and sample rate of an installed voice; UnknownVoice if there is none."""
-        info = self._infos.get(voice_id)
+        info = self._loaded_infos.get(voice_id) or self._infos.get(voice_id)
         if info is not None:
             return info
         if not VOICE_ID.fullmatch(voice_id):
@@ -196,7 +199,7 @@ class VoiceRegistry:
                                                            verify=self.settings.verify))
         # The bundle may have been replaced since its facts were read (a field update before the
         # voice's first use): from now on they are those of the bundle loaded.
-        self._infos[info.voice_id] = self._info_of(info.voice_id, info.bundle_dir, voice.manifest)
+        self._loaded_infos[info.voice_id] = self._info_of(info.voice_id, info.bundle_dir, voice.manifest)
         if self.settings.probe_text:
             # The first window of a probe phrase runs espeak-ng and both graphs: the voice can
             # answer. Only one window: the rest would prove nothing more and delay READY.

@@ -1,17 +1,19 @@
 """systemd notifications (Type=notify): state changes, READY, STOPPING and watchdog pings.
 
-    notify = Notifier.from_environment()   # does nothing when systemd did not ask for it
-    notify("READY=1"); stop_watchdog = start_watchdog(loop, notify)
+    notify = Notifier.from_environment(loop)   # does nothing when systemd did not ask for it
+    notify("READY=1"); stop_watchdog = start_watchdog(loop, notify); ...; notify.close()
 
 The datagrams are sent here, without blocking, rather than by systemd-python's sd_notify: that
 call blocks while systemd's queue for the daemon is full (a stalled or slow reader) and holds the
-GIL meanwhile, which froze the whole daemon, stop signals included. A message that finds the
-queue full is dropped (and logged once).
+GIL meanwhile, which froze the whole daemon, stop signals included. When the queue is full, a
+watchdog ping is dropped (the next one follows), and other messages (READY=1: without it systemd
+kills the unit at its start timeout) wait, in order, and are sent again every RETRY_S.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import socket
@@ -19,13 +21,22 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
+WATCHDOG = "WATCHDOG=1"
+RETRY_S = 0.2
+"""How often messages that found systemd's queue full are sent again."""
+WAITING_MAX = 32
+"""Messages kept waiting at most; past it the oldest (a stale STATUS=) are dropped."""
 MIN_WATCHDOG_INTERVAL_S = 0.05
 """Pings no closer than this, whatever WATCHDOG_USEC says (1 µs would ping on every loop turn)."""
 
 
 class Notifier:
-    def __init__(self, address: str | None) -> None:
-        """`address`: $NOTIFY_SOCKET, a socket path or @abstract name; None sends nothing."""
+    def __init__(self, address: str | None, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """`address`: $NOTIFY_SOCKET, a socket path or @abstract name; None sends nothing.
+        `loop` runs the retries (without one, a message that finds the queue full is dropped)."""
+        self._loop = loop
+        self._waiting: collections.deque[str] = collections.deque(maxlen=WAITING_MAX)
+        self._retry: asyncio.TimerHandle | None = None
         self._failures_seen: set[int | None] = set()
         self._sock: socket.socket | None = None
         self._target = ""
@@ -38,23 +49,50 @@ class Notifier:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
 
     @classmethod
-    def from_environment(cls) -> Notifier:
-        return cls(os.environ.get("NOTIFY_SOCKET"))
+    def from_environment(cls, loop: asyncio.AbstractEventLoop | None = None) -> Notifier:
+        return cls(os.environ.get("NOTIFY_SOCKET"), loop)
 
     def __call__(self, message: str) -> None:
         if self._sock is None:
             return
+        if message == WATCHDOG:
+            if not self._waiting:  # behind waiting messages the queue is full anyway
+                self._send(message)
+            return
+        self._waiting.append(message)
+        self._send_waiting()
+
+    def close(self) -> None:
+        if self._retry is not None:
+            self._retry.cancel()
+        if self._sock is not None:
+            self._send_waiting()  # a last try (STOPPING=1); what is still waiting is dropped
+            self._sock.close()
+            self._sock = None
+
+    def _send_waiting(self) -> None:
+        self._retry = None
+        while self._waiting:
+            if not self._send(self._waiting[0]):
+                if self._loop is not None and not self._loop.is_closed():
+                    self._retry = self._loop.call_later(RETRY_S, self._send_waiting)
+                else:
+                    self._waiting.clear()
+                return
+            self._waiting.popleft()
+
+    def _send(self, message: str) -> bool:
+        """False if systemd's queue is full (worth another try); a message that fails otherwise
+        is dropped: a notify socket that is gone stays gone."""
+        assert self._sock is not None
         try:
             self._sock.sendto(message.encode(), self._target)
         except BlockingIOError as exc:
-            self._failed(exc.errno, "systemd is not reading its notifications (queue full); dropped")
+            self._failed(exc.errno, "systemd is not reading its notifications (queue full)")
+            return False
         except OSError as exc:  # a vanished notify socket must not take the daemon down
             self._failed(exc.errno, str(exc))
-
-    def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        return True
 
     def _failed(self, errno: int | None, reason: str) -> None:
         # Once per kind of failure: the watchdog would repeat it every few seconds for life.
@@ -75,7 +113,7 @@ def start_watchdog(loop: asyncio.AbstractEventLoop, notify: Callable[[str], None
 
     def ping() -> None:
         nonlocal timer
-        notify("WATCHDOG=1")
+        notify(WATCHDOG)
         timer = loop.call_later(interval, ping)
 
     ping()

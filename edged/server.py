@@ -140,15 +140,13 @@ def open_listener(settings: Settings) -> Listener:
 def _activated_socket(fds: list[int]) -> socket.socket:
     """The one listening Unix stream socket systemd passed. A TCP socket would put the API on the
     network, out of reach of the socket's file mode and of the admin peer check."""
+    from systemd.daemon import is_socket_unix
+
     if len(fds) != 1:
         raise ConfigError(f"systemd passed {len(fds)} sockets; edged serves one (one ListenStream= path)")
-    sock = socket.socket(fileno=fds[0])
-    if (sock.family, sock.type) != (socket.AF_UNIX, socket.SOCK_STREAM) or not sock.getsockopt(
-            socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-        sock.close()
-        raise ConfigError("the socket systemd passed is not a listening Unix stream socket "
-                          "(ListenStream= with a path)")
-    return sock
+    if not is_socket_unix(fds[0], socket.SOCK_STREAM, listening=1):
+        raise ConfigError("what systemd passed is not a listening Unix stream socket (ListenStream= with a path)")
+    return socket.socket(fileno=fds[0])
 
 
 def _remove_stale(path: Path) -> None:
@@ -174,7 +172,7 @@ def _remove_stale(path: Path) -> None:
 
 async def _run(daemon: Daemon, listener: Listener, early_stop: threading.Event) -> int:
     loop = asyncio.get_running_loop()
-    notify = Notifier.from_environment()
+    notify = Notifier.from_environment(loop)
     notify(f"STATUS={daemon.state.value}")
     daemon.on_state.append(lambda state: notify(f"STATUS={state.value}"))
     stop, stop_now = asyncio.Event(), asyncio.Event()

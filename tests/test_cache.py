@@ -418,6 +418,32 @@ def test_audio_held_for_slow_listeners_is_bounded_and_paces_the_synthesis(tmp_pa
     run(scenario())
 
 
+def test_a_stored_synthesis_holds_only_what_its_listener_has_not_read(tmp_path: Path) -> None:
+    producer = Producer(chunks=10, size=100_000)
+
+    async def first() -> None:
+        cache = await AudioCache.open(settings(tmp_path))
+        stream = await cache.stream(KEY, producer, sample_rate=RATE)
+        read = [await anext(stream)]
+        await settle(cache)  # synthesized and stored; the listener is still at its first chunk
+        read += [await anext(stream) for _ in range(8)]
+        assert cache.stats().stream_buffer_bytes == 100_000  # the one chunk left to read
+        read += [chunk async for chunk in stream]
+        assert b"".join(read) == producer.whole and cache.stats().stream_buffer_bytes == 0
+        await cache.close()
+
+    async def after_restart() -> None:
+        cache = await AudioCache.open(settings(tmp_path))
+        stream = await cache.stream(KEY, producer, sample_rate=RATE)
+        assert stream.status == "hit"
+        assert cache.stats().stream_buffer_bytes == 0  # a disk hit's audio is the cache's own
+        assert await stream.read_all() == producer.whole
+        await cache.close()
+
+    run(first())
+    run(after_restart())
+
+
 def test_every_listener_of_a_hit_shares_the_cached_audio(tmp_path: Path) -> None:
     async def scenario() -> None:
         cache = await AudioCache.open(settings(tmp_path))

@@ -276,6 +276,15 @@ def test_a_socket_passed_by_systemd_that_edged_cannot_serve_alone_is_refused(
             proc.kill()
 
 
+def test_a_passed_fd_that_is_no_socket_is_refused(tmp_path: Path) -> None:
+    # As from a socket unit with ListenFIFO=; exec keeps the shell's pid, which LISTEN_PID names.
+    os.mkfifo(tmp_path / "fifo")
+    result = subprocess.run(["sh", "-c", f'LISTEN_PID=$$ LISTEN_FDS=1 exec "$0" -m edged serve 3<>"{tmp_path}/fifo"',
+                             sys.executable], cwd=REPO, capture_output=True, timeout=60, check=False)
+    assert result.returncode == 2 and b"not a listening Unix stream socket" in result.stderr
+    assert b"Traceback" not in result.stderr
+
+
 def test_open_connections_are_capped_and_monitoring_still_gets_in(tmp_path: Path, bundle_dir: Path) -> None:
     # Clients holding silent sockets must not use up the daemon's file descriptors (its cache,
     # its espeak-ng pipes): past 4 x max_connections the oldest idle connection is closed.
@@ -349,15 +358,24 @@ def test_a_notify_socket_that_fails_is_logged_once(tmp_path: Path, bundle_dir: P
 
 
 def test_a_notify_socket_nobody_reads_does_not_stop_the_daemon(tmp_path: Path, bundle_dir: Path) -> None:
-    # The kernel queues ~10 datagrams for a reader that does not read; then sd_notify blocks. It
-    # used to block the event loop: health stopped answering and SIGTERM could not stop it.
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as stalled:
+    # Once the kernel's queue for a reader that does not read is full, sd_notify blocked, holding
+    # the GIL: health stopped answering and SIGTERM could not stop the daemon.
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as stalled, \
+            socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as filler:
         stalled.bind(str(tmp_path / "notify.sock"))
+        filler.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            while True:  # fill its queue, whatever net.unix.max_dgram_qlen is
+                filler.sendto(b"X-FILLER=1", str(tmp_path / "notify.sock"))
         env = {**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "100000"}
         with Daemon(tmp_path / "d", env=env) as daemon:
-            time.sleep(1.0)  # ~20 watchdog pings: the queue is full after the first ten messages
+            time.sleep(0.5)
             assert daemon.request("GET", "/v1/health", timeout=5).status == 200
             assert "not reading its notifications" in daemon.log_text()
+            stalled.settimeout(10)
+            messages = []
+            while "READY=1" not in messages:  # kept and sent again once systemd reads
+                messages.append(stalled.recv(4096).decode())
 
 
 def test_a_client_that_reads_slowly_does_not_keep_others_waiting(tmp_path: Path, bundle_dir: Path) -> None:

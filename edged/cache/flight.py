@@ -97,7 +97,7 @@ class Flight:
         self.resolve("miss")
         self.done = True
         self.error = error
-        self._release_if_unread()
+        self._trim()  # stored by now (or never to be): nobody may join a finished flight
         self._wake()
 
     async def room(self) -> None:
@@ -127,9 +127,8 @@ class Flight:
             return
         if not self._positions and not self.done:
             self._on_abandon(self)
-        elif not self.cacheable:
+        elif not self.cacheable or self.done:
             self._trim()
-        self._release_if_unread()
 
     def _next(self, token: int) -> Chunk | None:
         pos = self._positions[token]
@@ -138,12 +137,12 @@ class Flight:
             return None
         self._positions[token] = pos + 1
         chunk = self.chunks[index]
-        if not self.cacheable:
+        if not self.cacheable or self.done:
             self._trim()
         return chunk
 
     def _trim(self) -> None:
-        """Drop chunks every stream has read (only once the flight will not be stored)."""
+        """Drop chunks every stream has read (only once the flight is stored, or will not be)."""
         low = min(self._positions.values(), default=self.base + len(self.chunks))
         drop = low - self.base
         if drop > 0:
@@ -152,12 +151,6 @@ class Flight:
             self.base = low
         if self.buffered <= HIGH_WATER:
             self._room.set()
-
-    def _release_if_unread(self) -> None:
-        """A finished flight no stream reads any more holds nothing (the cache keeps its own copy)."""
-        if self.done and not self._positions and self.buffered:
-            self._buffer(-self.buffered)
-            self.chunks.clear()
 
     def _buffer(self, n: int) -> None:
         self.buffered += n
