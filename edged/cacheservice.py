@@ -13,8 +13,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import itertools
 import logging
 import math
+import os
+import stat
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +39,9 @@ CACHED_FORMAT = "pcm"
 """Cached bytes are always bare PCM: a WAV header is added when the audio is sent."""
 MAX_WARM_QUEUE = 20_000
 """Phrases waiting for warm-up; more are refused (busy), so repeated calls cannot grow memory."""
+MAX_WARM_CHARS = 16_000_000
+"""Characters of the phrases waiting for warm-up: 20,000 phrases could otherwise hold 2 GB of text."""
+MAX_WARM_FILE_BYTES = 64 * 1024 * 1024
 WARM_JOIN_ATTEMPTS = 10
 WARM_JOIN_RETRY_S = 0.5
 """A warm-up phrase that joined a live request's refused synthesis asks again this often."""
@@ -65,6 +71,7 @@ class CacheService:
         self.cache: AudioCache | None = None
         self.warm = WarmProgress()
         self._phrases: collections.deque[Phrase] = collections.deque()
+        self._queued_chars = 0
         self._warmer: asyncio.Task[None] | None = None
         self._warming: dict[str, Background] = {}
         """Cache key digest -> the warm-up synthesis under way for it."""
@@ -120,20 +127,24 @@ class CacheService:
 
     def add_warm(self, phrases: list[Phrase]) -> None:
         """Queue phrases for warm-up (answers at once; progress is in `self.warm`)."""
-        if len(self._phrases) + len(phrases) > MAX_WARM_QUEUE:
-            raise Busy(f"warm-up queue full ({len(self._phrases)} phrases waiting)")
+        chars = sum(len(p.text) for p in phrases)
+        if len(self._phrases) + len(phrases) > MAX_WARM_QUEUE or self._queued_chars + chars > MAX_WARM_CHARS:
+            raise Busy(f"warm-up queue full ({len(self._phrases)} phrases, {self._queued_chars} characters waiting)")
         self._phrases.extend(phrases)
+        self._queued_chars += chars
         self.warm.total += len(phrases)
         if phrases and (self._warmer is None or self._warmer.done()):
             self._warmer = asyncio.get_running_loop().create_task(self._warm_all())
 
     def warm_from_file(self, path: Path) -> None:
         try:
-            phrases = parse_phrase_lines(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError) as exc:
+            phrases = parse_phrase_lines(_read_regular_file(path, MAX_WARM_FILE_BYTES).decode("utf-8"))
+        except (OSError, ValueError) as exc:  # ValueError: not UTF-8, or a NUL in the path
             log.error("cannot read warm_file %s: %s", path, exc)
             return
-        room = MAX_WARM_QUEUE - len(self._phrases)
+        fits = itertools.accumulate(len(p.text) for p in phrases)
+        room = min(MAX_WARM_QUEUE - len(self._phrases),
+                   sum(1 for total in fits if self._queued_chars + total <= MAX_WARM_CHARS))
         if len(phrases) > room:  # a start-up file must not stop the daemon: warm what fits
             log.error("warm_file %s has %d phrases; warming the first %d", path, len(phrases), room)
             phrases = phrases[:room]
@@ -143,6 +154,7 @@ class CacheService:
     async def _warm_all(self) -> None:
         while self._phrases:
             phrase = self._phrases.popleft()
+            self._queued_chars -= len(phrase.text)
             try:
                 await self._warm_one(phrase)
             except Exception as exc:  # noqa: BLE001 (bad phrase, unknown voice, busy, cache closing)
@@ -211,3 +223,16 @@ def _key(request: SynthesisRequest) -> CacheKey:
     # The request's text is normalized already (VoiceInfo.request): not again over 100k characters.
     return CacheKey(request.text, request.voice_id, request.voice_version, float(request.speed), CACHED_FORMAT,
                     request.precision, request.bundle_digest)
+
+
+def _read_regular_file(path: Path, max_bytes: int) -> bytes:
+    """A regular file's bytes; OSError for anything else (a FIFO would block start-up for good,
+    /dev/zero would fill memory) or a file over `max_bytes`."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{path} is not a regular file")
+        if info.st_size > max_bytes:
+            raise OSError(f"{path} is over {max_bytes} bytes")
+        return file.read(max_bytes + 1)

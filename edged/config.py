@@ -21,6 +21,8 @@ from .cache.settings import CacheSettings
 from .errors import ConfigError
 from .voices import DEFAULT_VOICE
 
+OPENAI_PCM_RATE = 24000
+"""Hz of OpenAI's response_format "pcm" (raw samples, no header to say otherwise)."""
 OPENAI_VOICE_NAMES = (
     "alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse",
     "marin", "cedar",
@@ -239,6 +241,9 @@ def build(cls: type, data: Any, where: str, base: Any = None) -> Any:
 
 
 def _value(hint: Any, value: Any, where: str, current: Any) -> Any:
+    if not dataclasses.is_dataclass(hint):  # a leaf: its values, or a list's or table's
+        _check_plain(value.values() if isinstance(value, dict) else value if isinstance(value, list) else [value],
+                     where)
     if typing.get_origin(hint) in (typing.Union, types.UnionType):  # "X | None": TOML has no null
         inner = next(h for h in typing.get_args(hint) if h is not type(None))
         # None is written "" for a path or text, 0 for a number.
@@ -266,6 +271,14 @@ def _value(hint: Any, value: Any, where: str, current: Any) -> Any:
     if hint in (int, str, bool, float) and type(value) is hint:
         return value
     raise ConfigError(f"{where} must be {getattr(hint, '__name__', hint)}, not {value!r}")
+
+
+def _check_plain(values: Any, where: str) -> None:
+    for item in values:
+        if isinstance(item, str) and "\0" in item:  # no path or name holds one; os calls refuse it
+            raise ConfigError(f"{where} must not contain a NUL character")
+        if type(item) is int and not -(1 << 63) <= item < 1 << 63:  # TOML's range; SQLite's too
+            raise ConfigError(f"{where} is out of range: {str(item)[:40]}")
 
 
 def _join(where: str, name: str) -> str:

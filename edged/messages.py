@@ -73,11 +73,21 @@ def _load_json(body: bytes) -> Any:
     except UnicodeDecodeError as exc:
         raise BadInput(f"request body is not valid UTF-8 (byte {exc.start})") from None
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_object)
     except json.JSONDecodeError as exc:
         raise BadInput(f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except (ValueError, RecursionError):  # a number of thousands of digits; nesting too deep
         raise BadInput("malformed JSON: a number too long or nesting too deep") from None
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different: {"text": "Hi.", "text": ""} is not guessed at."""
+    data = dict(pairs)
+    if len(data) < len(pairs):
+        seen: set[str] = set()
+        repeated = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
+        raise BadInput(f"malformed JSON: field {_shown(repeated)} is given more than once")
+    return data
 
 
 def synthesize_body(data: dict[str, Any], max_text_chars: int) -> SynthesizeBody:
@@ -95,6 +105,9 @@ def speech_body(data: dict[str, Any], max_text_chars: int) -> SpeechBody:
     voice = _optional_str(data, "voice")
     if voice is None:
         raise BadInput("missing field 'voice'")
+    if data.get("stream_format", "audio") != "audio":  # it would change the answer's shape
+        raise BadInput(f"stream_format {_shown(data['stream_format'])} is not supported; the audio is "
+                       "streamed as it is made (\"audio\")")
     return SpeechBody(
         input=_text(data, "input", max_text_chars),
         voice=voice,
@@ -230,7 +243,7 @@ def parse_phrase_lines(text: str) -> list[Phrase]:
     """A phrase list: one phrase a line, optionally "voice<TAB>text"; blank lines and lines
     starting with # are skipped."""
     phrases = []
-    for line in text.splitlines():
+    for line in text.removeprefix("\ufeff").splitlines():  # a BOM from an editor is not text
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         voice, tab, rest = line.partition("\t")

@@ -407,3 +407,75 @@ def test_a_cache_directory_others_can_write_is_refused(tmp_path: Path, caplog: p
     assert store.state == "off"
     assert warnings_logged(caplog, "writable by others") == 1
     store.close()
+
+
+@pytest.mark.parametrize("replacement", ["fifo", "huge", "symlink"])
+def test_a_value_file_that_is_not_what_the_cache_wrote_is_dropped_without_reading_it(
+        tmp_path: Path, replacement: str) -> None:
+    # A FIFO in its place blocked the reader thread for good (every later miss hung behind it,
+    # and the daemon could not stop); a huge file was read whole, twice over, into memory.
+    store = DiskStore.open(CacheSettings(directory=tmp_path / "cache", max_entry_bytes=200_000), Generations())
+    entry = _put(store, "hello")
+    (path,) = value_files(store.layout.directory)
+    path.unlink()
+    if replacement == "fifo":
+        os.mkfifo(path)
+    elif replacement == "huge":
+        with open(path, "wb") as sparse:
+            sparse.truncate(2**40)  # 1 TiB, sparse: nothing is written
+    else:
+        (tmp_path / "elsewhere").write_bytes(b"x" * 300_000)
+        path.symlink_to(tmp_path / "elsewhere")
+    assert store.get(entry.meta.key) is None
+    assert store.stats.corrupt_dropped == 1 and store.count == 0
+    store.close()
+
+
+@pytest.mark.parametrize(("field", "value"), [("expires", "2030-01-01"), ("sample_rate", "22050"),
+                                              ("tag", 5), ("size", True), ("created", None)])
+def test_a_record_header_field_of_the_wrong_type_is_dropped(tmp_path: Path, field: str, value: object) -> None:
+    # Only the audio is checksummed: such a header was served, and failed at every request (500).
+    import json
+
+    store = DiskStore.open(CacheSettings(directory=tmp_path / "cache"), Generations())
+    entry = _put(store, "hello")
+    header = json.dumps({**entry.meta.__dict__, field: value}).encode()
+    tampered = struct.pack("<4sBI", b"EDGA", 1, len(header)) + header + entry.audio
+    assert store._cache is not None
+    store._cache.set(entry.meta.key, tampered)
+    assert store.get(entry.meta.key) is None
+    assert store.stats.corrupt_dropped == 1 and store.count == 0
+    store.close()
+
+
+def test_files_planted_beside_the_store_by_another_user_are_never_written_through(tmp_path: Path) -> None:
+    # In a directory others can write: the "open" marker as a symlink to one of our files was
+    # followed (the file overwritten with a pid), and a corrupt/ of theirs was given our audio.
+    directory = tmp_path / "cache"
+    _stored(tmp_path, ["one"])
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    Layout(directory).marker.symlink_to(victim)
+    store = DiskStore.open(CacheSettings(directory=directory), Generations())
+    assert store.state == "ok"
+    store.close()
+    assert victim.read_text() == "precious"
+
+    for wal in database(directory).parent.glob(DBNAME + "-*"):  # its pages would mask the damage
+        wal.unlink()
+    database(directory).write_bytes(b"not a database " * 4096)
+    corrupt = Layout(directory).corrupt
+    corrupt.mkdir(mode=0o777, exist_ok=True)
+    os.chown(corrupt, 65534, 65534)
+    corrupt.chmod(0o777)
+    store = DiskStore.open(CacheSettings(directory=directory), Generations())
+    assert store.state == "off"  # memory only, rather than hand the database to that user
+    store.close()
+    assert list(corrupt.iterdir()) == []
+
+
+def test_a_lowered_size_limit_is_met_at_open(tmp_path: Path) -> None:
+    _stored(tmp_path, [f"phrase {i}" for i in range(30)])  # 30 x 120 kB
+    store = DiskStore.open(CacheSettings(directory=tmp_path / "cache", disk_bytes=1_500_000), Generations())
+    assert store.state == "ok" and store.volume <= 1_500_000 and 0 < store.count < 30
+    store.close()

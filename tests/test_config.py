@@ -51,6 +51,10 @@ def test_partial_tables_keep_other_defaults(tmp_path: Path) -> None:
     ("[pipeline.back]\nconcurrency = 2000\n", "pipeline.back.concurrency must be at most 64"),  # 2,000 threads
     ("[voices]\nsearch_path = [\"voices\"]\n", "must be an absolute path"),  # relative to what?
     ("[voices]\nsearch_path = [\"\"]\n", "must be an absolute path"),
+    # Past SQLite's integers, and a NUL no path can hold: accepted, they turned the cache off later.
+    ("[cache]\ndisk_bytes = 99999999999999999999999\n", "cache.disk_bytes is out of range"),
+    ("[cache]\ndirectory = \"a\\u0000b\"\n", "cache.directory must not contain a NUL"),
+    ("[voices]\nsearch_path = [\"/a\\u0000b\"]\n", "voices.search_path must not contain a NUL"),
 ])
 def test_bad_config_is_refused_with_the_setting_named(tmp_path: Path, text: str, message: str) -> None:
     config = tmp_path / "edged.toml"

@@ -227,13 +227,27 @@ def test_the_same_voice_at_another_precision_is_not_served_from_the_cache(tmp_pa
 def test_configured_warm_file_is_warmed_at_start(tmp_path: Path, bundle_dir: Path) -> None:
     phrases = tmp_path / "phrases.txt"
     # The third phrase is over the API's text limit (50 characters here): refused, not spoken.
-    phrases.write_text("Warmed at start.\nAlso warmed at start.\n" + "Far too long. " * 10 + "\n", encoding="utf-8")
+    # Written with a BOM, as some editors do: it was part of the first phrase's key.
+    phrases.write_text("Warmed at start.\nAlso warmed at start.\n" + "Far too long. " * 10 + "\n", encoding="utf-8-sig")
     config = f'[cache]\nwarm_file = "{phrases}"\n[limits]\nmax_text_chars = 50\nmax_body_bytes = 4096\n'
     with Daemon(tmp_path / "d", config) as daemon:
         warm = wait_for(lambda: (w := daemon.status()["cache"]["warm"])["done"] == 3 and w, timeout=30)
         assert warm == {"total": 3, "done": 3, "synthesized": 2, "empty": 0, "failed": 1}
+        assert _synth(daemon, "Warmed at start.").headers["x-edged-cache"] == "hit"
         assert _synth(daemon, "Also warmed at start.").headers["x-edged-cache"] == "hit"
         assert "over the limit of 50" in daemon.log_text()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_warm_file_that_is_no_regular_file_is_refused_at_start(tmp_path: Path, bundle_dir: Path,
+                                                                 kind: str) -> None:
+    # A FIFO blocked start-up for good (no READY, no SIGTERM); /dev/zero filled memory.
+    path = tmp_path / "fifo" if kind == "fifo" else Path("/dev/zero")
+    if kind == "fifo":
+        os.mkfifo(path)
+    with Daemon(tmp_path / "d", f'[cache]\nwarm_file = "{path}"\n') as daemon:
+        assert daemon.status()["cache"]["warm"]["total"] == 0
+        assert "not a regular file" in daemon.log_text()
 
 
 def test_a_warm_file_longer_than_the_queue_is_cut_not_fatal(tmp_path: Path, bundle_dir: Path) -> None:

@@ -139,7 +139,7 @@ class AudioCache:
         if self.disk is not None:
             await asyncio.get_running_loop().run_in_executor(self._writer, self.disk.close)
         # Threads that end drop their SQLite connections with them.
-        self._readers.shutdown(wait=True)
+        self._readers.shutdown(wait=False, cancel_futures=True)  # one may be stuck in a stalled read
         self._writer.shutdown(wait=True)
 
     # -- the request path --------------------------------------------------------------------
@@ -199,7 +199,7 @@ class AudioCache:
         digest = key.digest
         try:
             if self._disk_readable():
-                entry = await self._read(self.disk.get, digest)  # type: ignore[union-attr]
+                entry = await self._read_entry(digest)
                 if entry is not None and self._fresh(entry.meta, time.time()):
                     self._remember(entry)
                     self._write(self.disk.touch, digest)  # type: ignore[union-attr]
@@ -361,6 +361,16 @@ class AudioCache:
 
     def _read(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         return asyncio.get_running_loop().run_in_executor(self._readers, fn, *args)
+
+    async def _read_entry(self, digest: str) -> CachedAudio | None:
+        """The disk tier's entry, or None; a read that takes over `disk_timeout_seconds` (a stalled
+        disk) is a miss, so that requests do not hang behind it."""
+        try:
+            return await asyncio.wait_for(self._read(self.disk.get, digest),  # type: ignore[union-attr]
+                                          self.settings.disk_timeout_seconds or None)
+        except TimeoutError:
+            log.warning("cache disk read took over %g s; answered as a miss", self.settings.disk_timeout_seconds)
+            return None
 
     def _write(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         future = asyncio.get_running_loop().run_in_executor(self._writer, fn, *args)

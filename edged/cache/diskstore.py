@@ -36,7 +36,7 @@ import diskcache  # type: ignore[import-untyped]  # no type hints in 5.6.3
 
 from . import faults, record
 from .generations import Generations
-from .layout import DBNAME, Layout, is_value_dir
+from .layout import DBNAME, Layout, is_value_dir, own_private_dir
 from .rawdisk import RawDisk, UnreadableRow
 from .settings import CacheSettings
 
@@ -117,8 +117,19 @@ class DiskStore:
             return
         self.state = "ok"
         self._mark_open()
+        self._shrink_to_limit()
         if any(self.layout.corrupt.glob("trash-*")):
             self.needs_repair = True
+
+    def _shrink_to_limit(self) -> None:
+        """Evict down to `disk_bytes` now: after the limit was lowered, diskcache alone evicts
+        ten entries per write (none while every request is a hit)."""
+        assert self._cache is not None
+        try:
+            self.stats.evictions += self._cache.cull()
+        except (OSError, sqlite3.Error, diskcache.Timeout) as error:
+            self._log_once("cull", "cache could not evict down to its size limit: %s", error)
+        self._refresh_volume(self._cache)
 
     def retry_open(self) -> None:
         """Open again a tier left off (full disk: SQLite cannot even create its WAL), at most
@@ -138,6 +149,7 @@ class DiskStore:
             size_limit=self.settings.disk_bytes, eviction_policy=self.policy,
             statistics=False, tag_index=True,
         )
+        cache.disk.max_value_bytes = self.settings.max_entry_bytes + record.MAX_OVERHEAD
         db = None
         try:
             db = sqlite3.connect(self.directory / DBNAME, timeout=self.settings.disk_timeout_seconds,
@@ -162,7 +174,7 @@ class DiskStore:
         """Move a corrupted database and its value files out of the way; keep the newest db."""
         self._close_connections()
         corrupt = self.layout.corrupt
-        faults.private_dir(corrupt)
+        own_private_dir(corrupt)  # another user's would get to read the cached audio moved there
         for old in corrupt.glob(DBNAME + ".*"):
             old.unlink(missing_ok=True)
         stamp = time.strftime("%Y%m%dT%H%M%S")
@@ -194,7 +206,7 @@ class DiskStore:
 
     def _mark_open(self) -> None:
         try:
-            self.layout.marker.write_text(str(os.getpid()))
+            self.layout.mark_open()
         except OSError:  # a full disk: the next open just will not know to repair
             pass
 

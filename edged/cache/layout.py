@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,11 +50,17 @@ class Layout:
     def corrupt(self) -> Path:
         return self.directory / "corrupt"
 
+    def mark_open(self) -> None:
+        """Write the marker (our pid), never through a symlink another user put in its place."""
+        fd = os.open(self.marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as marker:
+            marker.write(str(os.getpid()))
+
     def claim(self) -> int:
         """Take the directory for this process: returns the descriptor that holds its lock (closing
         it releases the lock; so does the process's death). Creates what is missing."""
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(self.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(self.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -63,12 +70,21 @@ class Layout:
             if self.store.is_dir() and (strangers := _strangers(self.store)):
                 raise CacheDirectoryError(f"{self.store} holds files that are not the cache's "
                                           f"(e.g. {strangers[0]}); not using it")
-            faults.private_dir(self.store)
-            _require_own(self.store.stat(), self.store)
+            own_private_dir(self.store)
         except BaseException:
             os.close(fd)
             raise
         return fd
+
+
+def own_private_dir(path: Path) -> None:
+    """`path` made (mode 0700) or tightened, and refused unless it is a directory of ours (not a
+    symlink, not another user's)."""
+    faults.private_dir(path)
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        raise CacheDirectoryError(f"{path} is not a directory; not using it")
+    _require_own(info, path)
 
 
 def _require_own(info: os.stat_result, path: Path) -> None:

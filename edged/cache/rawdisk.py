@@ -6,9 +6,11 @@ pickle; this one refuses such rows (UnreadableRow), so a tampered database canno
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import sqlite3
+import stat
 import threading
 from typing import Any
 
@@ -16,6 +18,7 @@ import diskcache  # type: ignore[import-untyped]  # no type hints in 5.6.3
 from diskcache.core import MODE_BINARY, MODE_RAW, UNKNOWN  # type: ignore[import-untyped]
 
 _VALUE_FILE = re.compile(r"[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]{28}\.val")
+DEFAULT_MAX_VALUE_BYTES = 64 * 1024 * 1024
 
 
 class UnreadableRow(Exception):
@@ -26,6 +29,8 @@ class RawDisk(diskcache.Disk):
     def __init__(self, directory: str, **kwargs: Any) -> None:
         super().__init__(directory, **kwargs)
         self._written = threading.local()
+        self.max_value_bytes = DEFAULT_MAX_VALUE_BYTES
+        """Largest value file read (its owner sets it from the largest entry it stores)."""
 
     def put(self, key: Any) -> tuple[Any, bool]:
         if type(key) is not str:
@@ -55,9 +60,25 @@ class RawDisk(diskcache.Disk):
         if mode == MODE_RAW and type(value) is bytes:
             return value
         if mode == MODE_BINARY and type(filename) is str and _VALUE_FILE.fullmatch(filename):
-            with open(os.path.join(self._directory, filename), "rb") as file:
-                return file.read()
+            return self._read_value_file(filename)
         raise UnreadableRow(f"row of mode {mode} was not written by this cache")
+
+    def _read_value_file(self, filename: str) -> bytes:
+        """The file's bytes if it is a regular file of at most `max_value_bytes`: a FIFO put in its
+        place would block the reader for good, a huge file would fill memory."""
+        try:
+            fd = os.open(os.path.join(self._directory, filename),
+                         os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # a symlink: not a file this cache wrote
+                raise UnreadableRow(f"value file {filename} is a symlink") from None
+            raise  # gone (deleted meanwhile): diskcache reads that as a miss
+        with os.fdopen(fd, "rb") as file:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_size > self.max_value_bytes:
+                raise UnreadableRow(f"value file {filename} is not a regular file of at most "
+                                    f"{self.max_value_bytes} bytes")
+            return file.read(self.max_value_bytes + 1)
 
     def saved(self) -> None:
         """The last stored value's row is committed: its file is no longer ours to remove."""

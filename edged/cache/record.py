@@ -17,6 +17,13 @@ MAGIC = b"EDGA"
 LAYOUT = 1
 _PREFIX = struct.Struct("<4sBI")
 _MAX_HEADER = 64 * 1024
+MAX_OVERHEAD = _PREFIX.size + _MAX_HEADER
+"""Bytes a record may have besides its audio."""
+_HEADER_TYPES: dict[str, tuple[type, ...]] = {
+    "key": (str,), "voice": (str,), "version": (str,), "format": (str,), "sample_rate": (int,),
+    "tag": (str, type(None)), "created": (int, float), "expires": (int, float, type(None)),
+    "sha256": (str,), "size": (int,),
+}
 
 
 class CorruptEntry(Exception):
@@ -76,10 +83,15 @@ def decode(record: bytes, expected_key: str) -> CachedAudio:
     start = _PREFIX.size + header_len
     try:
         fields = json.loads(record[_PREFIX.size : start])
+        # Only the audio is checksummed: a header field of the wrong type (a flipped bit, an
+        # edit) would fail later, at every request for the entry, instead of dropping it here.
+        for name, types in _HEADER_TYPES.items():
+            if not isinstance(fields[name], types) or isinstance(fields[name], bool):
+                raise TypeError(f"{name} is not {types[0].__name__}")
         fields["generations"] = tuple(int(g) for g in fields["generations"])
         meta = EntryMeta(**fields)
     except (ValueError, TypeError, KeyError, RecursionError) as error:  # RecursionError: nested JSON
-        raise CorruptEntry(f"bad record header: {type(error).__name__}") from None
+        raise CorruptEntry(f"bad record header: {type(error).__name__} {error}"[:200]) from None
     audio = record[start:]
     if meta.key != expected_key or len(meta.generations) != 4:
         raise CorruptEntry("record belongs to another key")
