@@ -27,7 +27,7 @@ from .asgi import (
     wait_disconnect,
 )
 from .cacheservice import CacheService
-from .config import OPENAI_VOICE_NAMES
+from .config import OPENAI_PCM_RATE, OPENAI_VOICE_NAMES
 from .daemon import AudioStream, CacheStatus, Daemon
 from .errors import (
     BadInput,
@@ -205,14 +205,20 @@ class App:
         _require_streaming(scope)
         body = speech_body(await self._json(scope, receive), self.settings.limits.max_text_chars)
         info = self.daemon.registry.info(self._openai_voice(body.voice))
+        if body.response_format == "pcm" and info.sample_rate != OPENAI_PCM_RATE:
+            # A client would play it at 24 kHz: 9% fast and high for a 22,050 Hz voice.
+            raise BadInput(f"response_format \"pcm\" is raw {OPENAI_PCM_RATE} Hz audio in OpenAI's API; this "
+                           f"voice speaks at {info.sample_rate} Hz: ask for \"wav\" (its header carries the "
+                           "rate), or use /v1/synthesize with \"format\": \"pcm\"")
         request = info.request(body.input, body.speed, body.response_format)
         await self._stream_audio(receive, send, request, "/v1/audio/speech", started)
 
     def _openai_voice(self, name: str) -> str:
         """An explicit mapping, else an edged voice id, else (for OpenAI's names) the default voice."""
         openai = self.settings.openai
-        if name in openai.voice_map:
-            return openai.voice_map[name]
+        mapped = {alias.lower(): voice for alias, voice in openai.voice_map.items()}.get(name.lower())
+        if mapped is not None:  # OpenAI's names are not case-sensitive: "Alloy" is "alloy"
+            return mapped
         try:
             return self.daemon.registry.info(name).voice_id
         except UnknownVoice:

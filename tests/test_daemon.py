@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from daemon_harness import LONG_TEXT, Daemon, post_raw, read_head, wait_for
+from daemon_harness import LONG_TEXT, OTHER_VOICE, Daemon, other_voice, post_raw, read_head, wait_for
 
 SHORT = "Hello there, this is a test."
 
@@ -70,6 +70,20 @@ def test_openai_speech_maps_openai_voice_names_to_the_default(daemon: Daemon) ->
     assert unknown.status == 404 and unknown.json()["error"]["code"] == "unknown_voice"
     mp3 = daemon.request("POST", "/v1/audio/speech", {"input": SHORT, "voice": "nova", "response_format": "mp3"})
     assert mp3.status == 400 and "response_format" in mp3.json()["error"]["message"]
+    # OpenAI's pcm is 24 kHz with nothing to say so: this voice's 22,050 Hz would play 9% fast.
+    pcm = daemon.request("POST", "/v1/audio/speech", {"input": SHORT, "voice": "nova", "response_format": "pcm"})
+    assert pcm.status == 400 and "24000 Hz" in pcm.json()["error"]["message"]
+    events = daemon.request("POST", "/v1/audio/speech", {"input": SHORT, "voice": "nova", "stream_format": "sse"})
+    assert events.status == 400 and "stream_format" in events.json()["error"]["message"]
+
+
+def test_openai_voice_names_are_mapped_whatever_their_case(tmp_path: Path, bundle_dir: Path) -> None:
+    voices = other_voice(tmp_path, bundle_dir)
+    config = f'[voices]\nsearch_path = ["{voices}"]\n[openai]\nvoice_map = {{ alloy = "{OTHER_VOICE}" }}\n'
+    with Daemon(tmp_path / "d", config) as daemon:
+        for name in ("alloy", "Alloy", "ALLOY"):
+            reply = daemon.request("POST", "/v1/audio/speech", {"input": SHORT, "voice": name})
+            assert reply.status == 200 and reply.headers["x-edged-voice"] == OTHER_VOICE
 
 
 BAD_INPUT = [
@@ -77,6 +91,7 @@ BAD_INPUT = [
     ("blank text", b'{"text": "  \\n "}', 400, "bad_request"),
     ("malformed JSON", b'{"text": "hi"', 400, "bad_request"),
     ("not an object", b'["hi"]', 400, "bad_request"),
+    ("a field given twice", b'{"text": "", "text": "hi"}', 400, "bad_request"),
     ("missing field", b'{"voice": "en_US-joe-medium"}', 400, "bad_request"),
     ("text not a string", b'{"text": 5}', 400, "bad_request"),
     ("unknown field", b'{"text": "hi", "volume": 3}', 400, "bad_request"),
