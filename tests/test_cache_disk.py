@@ -4,12 +4,14 @@ and entries, tampered rows; eviction order and directory permissions."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import pickle
 import sqlite3
 import struct
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -383,16 +385,20 @@ def test_second_process_on_one_cache_directory_stays_memory_only(tmp_path: Path,
     second.close()
 
 
-def test_a_record_with_a_deeply_nested_header_is_dropped_not_raised(tmp_path: Path) -> None:
+def _dropped_with_header(tmp_path: Path, header: Callable[[CachedAudio], bytes]) -> None:
+    """An entry stored again with another record header is dropped when read, never served."""
     store = DiskStore.open(CacheSettings(directory=tmp_path / "cache"), Generations())
     entry = _put(store, "hello")
-    header = b"[" * 20_000 + b"]" * 20_000  # json.loads raises RecursionError on it
-    tampered = struct.pack("<4sBI", b"EDGA", 1, len(header)) + header + entry.audio
+    tampered = header(entry)
     assert store._cache is not None
-    store._cache.set(entry.meta.key, tampered)
+    store._cache.set(entry.meta.key, struct.pack("<4sBI", b"EDGA", 1, len(tampered)) + tampered + entry.audio)
     assert store.get(entry.meta.key) is None
     assert store.stats.corrupt_dropped == 1 and store.count == 0
     store.close()
+
+
+def test_a_record_with_a_deeply_nested_header_is_dropped_not_raised(tmp_path: Path) -> None:
+    _dropped_with_header(tmp_path, lambda _: b"[" * 20_000 + b"]" * 20_000)  # json.loads: RecursionError
 
 
 def test_a_cache_directory_others_can_write_is_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -435,17 +441,7 @@ def test_a_value_file_that_is_not_what_the_cache_wrote_is_dropped_without_readin
                                               ("tag", 5), ("size", True), ("created", None)])
 def test_a_record_header_field_of_the_wrong_type_is_dropped(tmp_path: Path, field: str, value: object) -> None:
     # Only the audio is checksummed: such a header was served, and failed at every request (500).
-    import json
-
-    store = DiskStore.open(CacheSettings(directory=tmp_path / "cache"), Generations())
-    entry = _put(store, "hello")
-    header = json.dumps({**entry.meta.__dict__, field: value}).encode()
-    tampered = struct.pack("<4sBI", b"EDGA", 1, len(header)) + header + entry.audio
-    assert store._cache is not None
-    store._cache.set(entry.meta.key, tampered)
-    assert store.get(entry.meta.key) is None
-    assert store.stats.corrupt_dropped == 1 and store.count == 0
-    store.close()
+    _dropped_with_header(tmp_path, lambda entry: json.dumps({**entry.meta.__dict__, field: value}).encode())
 
 
 def test_files_planted_beside_the_store_by_another_user_are_never_written_through(tmp_path: Path) -> None:
