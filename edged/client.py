@@ -12,10 +12,13 @@ The socket is --socket, else $EDGED_SOCKET, else the daemon's default path.
 from __future__ import annotations
 
 import argparse
+import errno
 import http.client
 import json
 import os
+import re
 import socket
+import stat
 import sys
 import time
 import urllib.parse
@@ -37,8 +40,13 @@ from .messages import CONTENT_TYPES, MAX_WARM_PHRASES
 
 CHUNK = 64 * 1024
 WARM_POLL_S = 0.25
+RESTART_WAIT_S = 5.0
+"""How long `cache warm` asks again a daemon that stopped answering, for one restarted in its place."""
 WARM_BATCH_BYTES = 1_000_000
 """Under the daemon's default body limit (limits.max_body_bytes, 1.25 MiB)."""
+MAX_ERROR_BYTES = 64 * 1024
+MAX_JSON_BYTES = 4 * 2**20
+"""What is read of an error or a JSON answer: something else on the socket may send without end."""
 
 
 class DaemonUnreachable(Exception):
@@ -56,6 +64,7 @@ class DaemonError(Exception):
         super().__init__(f"{message} ({status} {code})")
         self.status = status
         self.code = code
+        self.message = message
 
 
 class UnixConnection(http.client.HTTPConnection):
@@ -68,22 +77,30 @@ class UnixConnection(http.client.HTTPConnection):
         sock.settimeout(self.timeout)
         try:
             sock.connect(str(self.path))
-        except FileNotFoundError:
-            sock.close()
-            raise DaemonUnreachable(f"edged is not running: no socket at {self.path} "
-                                    "(start it with `edged serve` or `systemctl start edged`)") from None
-        except ConnectionRefusedError:
-            sock.close()
-            raise DaemonUnreachable(f"edged is not answering: {self.path} refuses connections "
-                                    "(the daemon is stopping, or stopped and left its socket)") from None
-        except PermissionError:
-            sock.close()
-            raise DaemonUnreachable(f"no permission to use {self.path} "
-                                    "(join the daemon's group, or run as its user)") from None
         except OSError as exc:
             sock.close()
-            raise DaemonUnreachable(f"cannot connect to {self.path}: {exc.strerror or exc}") from None
+            raise DaemonUnreachable(_why_unreachable(self.path, exc)) from None
         self.sock = sock
+
+
+def _why_unreachable(path: Path, exc: OSError) -> str:
+    if isinstance(exc, FileNotFoundError):
+        return (f"edged is not running: no socket at {path} "
+                "(start it with `edged serve` or `systemctl start edged`)")
+    if isinstance(exc, PermissionError):
+        return f"no permission to use {path} (join the daemon's group, or run as its user)"
+    if exc.errno in (errno.ECONNREFUSED, errno.ENOTSOCK):
+        try:  # a wrong --socket (a file, a directory) is refused like a daemon's stale socket
+            mode = path.stat().st_mode
+        except OSError:
+            mode = stat.S_IFSOCK
+        if not stat.S_ISSOCK(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "a regular file" if stat.S_ISREG(mode) else "a special file"
+            return f"{path} is {kind}, not a socket (give the daemon's socket with --socket or $EDGED_SOCKET)"
+        if exc.errno == errno.ECONNREFUSED:
+            return (f"edged is not answering: {path} refuses connections "
+                    "(the daemon is stopping, or stopped and left its socket)")
+    return f"cannot connect to {path}: {exc.strerror or exc}"
 
 
 def _json_bytes(body: Any) -> bytes:
@@ -109,7 +126,7 @@ def request(path: Path, method: str, url: str, body: Any = None) -> http.client.
     except (http.client.HTTPException, ConnectionError, TimeoutError) as exc:
         raise DaemonUnreachable(f"edged at {path} did not answer: {exc or type(exc).__name__}") from None
     if response.status >= 400:
-        raw = response.read()
+        raw = response.read(MAX_ERROR_BYTES)  # past it, the text is cut short like a non-JSON one
         try:
             error = json.loads(raw)["error"]
             raise DaemonError(response.status, error["code"], error["message"])
@@ -119,7 +136,9 @@ def request(path: Path, method: str, url: str, body: Any = None) -> http.client.
 
 
 def get_json(path: Path, url: str, method: str = "GET", body: Any = None) -> Any:
-    raw = request(path, method, url, body).read()
+    raw = request(path, method, url, body).read(MAX_JSON_BYTES + 1)
+    if len(raw) > MAX_JSON_BYTES:
+        raise UnexpectedAnswer(f"{url} answered over {MAX_JSON_BYTES >> 20} MiB; not reading more")
     try:
         return json.loads(raw)
     except (ValueError, RecursionError):
@@ -193,11 +212,16 @@ def _voices(args: argparse.Namespace) -> int:
 
 
 def _voice_line(voice: dict[str, Any]) -> str:
-    line = f"{voice['id']} {voice['version']} {voice['sample_rate']} Hz {voice['state']}"
+    line = voice["id"]
+    if "version" in voice:  # an invalid bundle has none (nor a sample rate): only its error
+        line += f" {voice['version']} {voice.get('sample_rate', '?')} Hz"
+    line += f" {voice.get('state', '?')}"
     if voice.get("default"):
         line += " (default)"
     if voice.get("providers"):
         line += f" {voice.get('precision', '')} " + ", ".join(f"{g}={p}" for g, p in voice["providers"].items())
+    if voice.get("error"):
+        line += f": {voice['error']}"
     return line
 
 
@@ -215,32 +239,62 @@ def _cache_clear(args: argparse.Namespace) -> int:
 def _cache_warm(args: argparse.Namespace) -> int:
     from .messages import parse_phrase_lines  # standard library only, like this module
 
-    try:
-        text = sys.stdin.read() if str(args.file) == "-" else args.file.read_text(encoding="utf-8")
+    try:  # utf-8-sig: a byte order mark (from some editors) is not part of the first phrase
+        raw = sys.stdin.buffer.read() if str(args.file) == "-" else args.file.read_bytes()
+        text = raw.decode("utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         print(f"edgectl: cannot read {args.file}: {exc}", file=sys.stderr)
         return 2
-    entries = [{"text": p.text, **({"voice": p.voice} if p.voice else {})} for p in parse_phrase_lines(text)]
+    lines: list[int] = []  # the file's line of each phrase: errors name it, not an index in a batch
+    entries: list[dict[str, str]] = []
+    for number, line in enumerate(text.split("\n"), 1):
+        for p in parse_phrase_lines(line):
+            lines.append(number)
+            entries.append({"text": p.text, **({"voice": p.voice} if p.voice else {})})
     if not entries:
         print("edgectl: no phrases to warm", file=sys.stderr)
         return 2
-    tty = sys.stderr.isatty()
+    status = get_json(args.socket, "/v1/status")
+    pid, limit = status["pid"], (status.get("limits") or {}).get("max_text_chars")
+    for number, entry in zip(lines, entries, strict=True):  # checked before any batch is queued
+        size = len(entry["text"])
+        if not size or (isinstance(limit, int) and size > limit):
+            problem = f"{size} characters, over the daemon's limit of {limit}" if size else "no text"
+            raise InputError(f"{args.file} line {number}: {problem}; nothing was queued")
     start = failed_before = target = None
+    sent = 0
     for batch in _warm_batches(entries):
-        while True:
-            try:
-                answer = get_json(args.socket, "/v1/cache/warm", "POST", {"phrases": batch})
-                break
-            except DaemonError as exc:
-                if exc.code != "busy":  # e.g. not_ready (no cache): asking again would not help
-                    raise
-                time.sleep(WARM_POLL_S)  # the daemon's warm-up queue is full: wait for room
+        try:
+            answer = _queue_warm(args.socket, batch)
+        except DaemonError as exc:
+            where = re.match(r"phrase (\d+): ", exc.message)
+            message = exc.message
+            if where and sent + int(where[1]) < len(lines):
+                message = f"{args.file} line {lines[sent + int(where[1])]}: {message[where.end():]}"
+            if sent:
+                message += f"; the {sent} phrases of the lines before were queued already"
+            raise DaemonError(exc.status, exc.code, message) from None
+        sent += len(batch)
         if start is None:  # the daemon's warm-up progress before ours
             start, failed_before = answer["warm"]["total"] - answer["queued"], answer["warm"]["failed"]
         target = answer["warm"]["total"]
     assert start is not None and target is not None and failed_before is not None
+    tty, unreachable_since = sys.stderr.isatty(), None
     while True:
-        warm = get_json(args.socket, "/v1/status")["cache"]["warm"]
+        try:
+            status = get_json(args.socket, "/v1/status")
+            unreachable_since = None
+        except DaemonUnreachable as exc:  # stopping: a restarted daemon is told by its pid, give it time
+            unreachable_since = unreachable_since or time.monotonic()
+            if time.monotonic() - unreachable_since > RESTART_WAIT_S:
+                raise DaemonUnreachable(f"{exc}; the warm-up was lost") from None
+            time.sleep(WARM_POLL_S)
+            continue
+        # A new daemon (socket activation keeps the socket across a restart) never reaches our target.
+        if status["pid"] != pid or status["cache"]["warm"]["total"] < target:
+            print("\n" * tty + "edgectl: the daemon restarted; the warm-up was lost", file=sys.stderr)
+            return 1
+        warm = status["cache"]["warm"]
         done, failed = min(max(warm["done"] - start, 0), len(entries)), warm["failed"] - failed_before
         if tty or warm["done"] >= target:
             print(f"\rwarming {done}/{len(entries)} phrases, {failed} failed", end="", file=sys.stderr, flush=True)
@@ -248,6 +302,16 @@ def _cache_warm(args: argparse.Namespace) -> int:
             print(file=sys.stderr)
             return 1 if failed else 0
         time.sleep(WARM_POLL_S)
+
+
+def _queue_warm(path: Path, batch: list[dict[str, str]]) -> Any:
+    while True:
+        try:
+            return get_json(path, "/v1/cache/warm", "POST", {"phrases": batch})
+        except DaemonError as exc:
+            if exc.code != "busy":  # e.g. not_ready (no cache): asking again would not help
+                raise
+            time.sleep(WARM_POLL_S)  # the daemon's warm-up queue is full: wait for room
 
 
 def _warm_batches(entries: list[dict[str, str]]) -> Iterator[list[dict[str, str]]]:
@@ -267,7 +331,7 @@ def _warm_batches(entries: list[dict[str, str]]) -> Iterator[list[dict[str, str]
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edgectl", description="Control a running edged.")
-    parser.add_argument("--socket", type=Path, default=None,
+    parser.add_argument("--socket", default=None,
                         help="daemon socket (default: $EDGED_SOCKET, else the daemon's default path)")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -302,8 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.socket is None:
-        args.socket = default_socket_path(os.environ)
+    # An empty --socket (an unset variable in a script) means not given, not the current directory.
+    args.socket = Path(args.socket) if args.socket else default_socket_path(os.environ)
     try:
         with interrupted_by_signals():
             return int(args.run(args))
@@ -321,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     except (http.client.HTTPException, ConnectionError, TimeoutError) as exc:  # e.g. IncompleteRead
         print(f"edgectl: the daemon's answer broke off: {exc!r}", file=sys.stderr)
         return 1
-    except (UnexpectedAnswer, KeyError, TypeError) as exc:  # another edged version, or not edged
+    except (UnexpectedAnswer, KeyError, TypeError, ValueError, AttributeError) as exc:  # another edged version, or not edged
         print(f"edgectl: unexpected answer from the daemon: {exc!r}", file=sys.stderr)
         return 1
     except Interrupted as exc:

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
 import socket
+import subprocess
+import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
-from daemon_harness import Daemon, edgectl
+import pytest
+from daemon_harness import REPO, Daemon, edgectl, wait_for
+
+from edged.voices import DEFAULT_VOICE
 
 
 def test_synth_writes_a_wav_file_with_real_sizes(daemon: Daemon, tmp_path: Path) -> None:
@@ -89,10 +98,14 @@ def test_audio_on_standard_output_leaves_what_came_before_it(daemon: Daemon, tmp
     assert data.startswith(b"PREFIXRIFF") and len(data) > 22050
 
 
+CUT_OFF = b"<the client closed before the whole answer was sent>"
+
+
 def _answer_once(path: Path, status: str, body: bytes, content_type: str = "application/json",
                  length: int | None = None) -> tuple[threading.Thread, list[bytes]]:
     """A listener of the test's own at `path`: reads one request, records its body, answers
-    (with a Content-Length of `length`, the body's own by default, then closes)."""
+    (with a Content-Length of `length`, the body's own by default, then closes). CUT_OFF is
+    recorded after the body if the client hung up before reading the whole answer."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
     listener.listen(1)
@@ -106,14 +119,18 @@ def _answer_once(path: Path, status: str, body: bytes, content_type: str = "appl
                 while b"\r\n\r\n" not in data:
                     data += connection.recv(65536)
                 head, request_body = data.split(b"\r\n\r\n", 1)
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length")), 0)
-                while len(request_body) < length:
+                # Not `length`: that name is the answer's (it was shadowed, and every answer was empty).
+                request_length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                                       if line.lower().startswith(b"content-length")), 0)
+                while len(request_body) < request_length:
                     request_body += connection.recv(65536)
                 received.append(request_body)
-                connection.sendall(f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
-                                   f"Content-Length: {len(body) if length is None else length}\r\n\r\n"
-                                   .encode() + body)
+                try:
+                    connection.sendall(f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
+                                       f"Content-Length: {len(body) if length is None else length}\r\n\r\n"
+                                       .encode() + body)
+                except (BrokenPipeError, ConnectionResetError):
+                    received.append(CUT_OFF)
 
     thread = threading.Thread(target=answer)
     thread.start()
@@ -151,3 +168,154 @@ def test_an_answer_that_is_not_audio_or_ends_short_leaves_no_file(tmp_path: Path
         thread.join(30)
         assert done.returncode == 1 and b"Traceback" not in done.stderr, done.stderr
         assert not out.exists() and not list(tmp_path.glob("*.part"))
+
+
+def test_odd_answers_and_answers_without_end_are_reported_not_a_traceback(tmp_path: Path) -> None:
+    # Another server on the socket: odd types, and answers larger than anything edged sends
+    # (edgectl stops reading them, which the listener sees as a hang-up before its answer ended).
+    huge = b'"' + b"x" * (16 * 2**20) + b'"'
+    cases = [
+        ("status", "200 OK", b'{"state": "READY", "version": "9", "pid": 1, "uptime_s": "soon", "admission": {}, "synthesis": {}}', b"Unknown format"),
+        ("voices", "200 OK", b'{"voices": [{"id": "v", "version": "1", "state": "loaded", "providers": ["cpu"]}]}',
+         b"AttributeError"),
+        ("status", "200 OK", huge, b"answered over 4 MiB"),
+        ("voices", "500 Internal Server Error", huge, b"(500 http)"),
+    ]
+    for n, (command, status, body, expected) in enumerate(cases):
+        path = tmp_path / f"{n}.sock"
+        thread, received = _answer_once(path, status, body)
+        done = edgectl(command, socket_path=path)
+        thread.join(30)
+        assert done.returncode == 1 and b"Traceback" not in done.stderr, done.stderr[-2000:]
+        assert expected in done.stderr, done.stderr[-2000:]
+        assert (received[-1] == CUT_OFF) == (body is huge)
+
+
+def test_a_socket_path_that_is_a_file_or_a_directory_is_named_so(daemon: Daemon, tmp_path: Path) -> None:
+    regular = tmp_path / "edged.sock"
+    regular.write_text("", encoding="utf-8")
+    for path, kind in ((regular, b"a regular file"), (tmp_path, b"a directory")):
+        done = edgectl("--socket", str(path), "voices", socket_path=daemon.socket)
+        assert done.returncode == 3 and f"{path} is ".encode() + kind + b", not a socket" in done.stderr, done.stderr
+    # An empty --socket (an unset variable in a script) is not given: $EDGED_SOCKET is used.
+    empty = edgectl("--socket", "", "voices", socket_path=daemon.socket)
+    assert empty.returncode == 0, empty.stderr
+
+
+def test_cache_warm_reads_utf8_with_a_byte_order_mark_whatever_the_locale(
+        daemon: Daemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Standard input was read in the locale's encoding: in a Latin-1 one, the BOM some editors
+    # write became "\u00ef\u00bb\u00bf", the first line's voice was unknown and the whole batch refused.
+    monkeypatch.setenv("PYTHONIOENCODING", "latin-1")  # as a non-UTF-8 locale sets it
+    text = f"\ufeff{DEFAULT_VOICE}\tA phrase after a byte order mark.\n".encode()
+    phrases = tmp_path / "bom.txt"
+    phrases.write_bytes(text)
+    for source, stdin in ((str(phrases), None), ("-", text)):
+        done = edgectl("cache", "warm", source, socket_path=daemon.socket, stdin=stdin)
+        assert done.returncode == 0, done.stderr
+        assert b"warming 1/1 phrases, 0 failed" in done.stderr
+
+
+def test_cache_warm_checks_the_daemons_text_limit_before_sending_anything(tmp_path: Path) -> None:
+    # One line over the limit in a later batch would leave the earlier batches queued: when the
+    # daemon tells its limit, the whole file is checked first.
+    path = tmp_path / "listener.sock"
+    thread, received = _answer_once(path, "200 OK", json.dumps({"pid": 1, "limits": {"max_text_chars": 20}}).encode())
+    phrases = tmp_path / "phrases.txt"
+    phrases.write_text("# greetings\nShort enough.\n\n" + "x" * 21 + "\n", encoding="utf-8")
+    done = edgectl("cache", "warm", str(phrases), socket_path=path)
+    thread.join(30)
+    assert done.returncode == 2 and b"line 4: 21 characters, over the daemon's limit of 20" in done.stderr, done.stderr
+    assert received == [b""]  # the GET of /v1/status only: no phrase was sent
+
+
+@pytest.fixture(scope="module")
+def odd_daemon(tmp_path_factory: pytest.TempPathFactory, bundle_dir: Path) -> Iterator[Daemon]:
+    """A daemon with an invalid bundle in its search path and a short text limit."""
+    root = tmp_path_factory.mktemp("odd")
+    (root / "voices" / "en_US-bad-medium").mkdir(parents=True)
+    (root / "voices" / "en_US-bad-medium" / "manifest.json").write_text('{"voice_id": "x"}', encoding="utf-8")
+    config = f'[voices]\nsearch_path = ["{root / "voices"}"]\n[limits]\nmax_text_chars = 50\n'
+    with Daemon(root / "d", config) as running:
+        yield running
+
+
+def test_an_invalid_bundle_is_listed_with_its_error(odd_daemon: Daemon) -> None:
+    # /v1/voices lists it without a version or sample rate; that was a KeyError for both commands.
+    for command in ("voices", "status"):
+        done = edgectl(command, socket_path=odd_daemon.socket)
+        assert done.returncode == 0, done.stderr
+        assert re.search(rb"en_US-bad-medium invalid: \S", done.stdout), done.stdout
+        assert DEFAULT_VOICE.encode() in done.stdout
+
+
+def test_cache_warm_names_the_line_of_a_refused_phrase(odd_daemon: Daemon, tmp_path: Path) -> None:
+    # The daemon names a phrase by its index in its batch (of at most 10,000), and blank and
+    # comment lines are not phrases: edgectl names the line of the file, and says what was queued.
+    lines = ["# greetings", "", *["Hi."] * 10_003, "", "Far too long for this daemon. " * 3]
+    phrases = tmp_path / "phrases.txt"
+    phrases.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    done = edgectl("cache", "warm", str(phrases), socket_path=odd_daemon.socket)
+    assert done.returncode == 1, done.stderr
+    assert f"line {len(lines)}: text has {len(lines[-1].strip())} characters".encode() in done.stderr, done.stderr
+    assert b"the 10000 phrases of the lines before were queued already" in done.stderr
+
+
+def _activated(directory: Path, listener: socket.socket) -> Daemon:
+    """A daemon started on `listener` as systemd passes a socket (LISTEN_FDS=1): daemons started
+    in turn serve the same socket, which stays open across a restart, as under socket activation."""
+    daemon = Daemon(directory)
+    env = {**os.environ, "XDG_CACHE_HOME": str(daemon.cache_dir.parent)}
+    env.pop("CACHE_DIRECTORY", None)
+    fd = listener.fileno()
+    # The socket moved to fd 3 and exec'd, which keeps the pid that LISTEN_PID names.
+    start = ("import os, sys; os.dup2(int(sys.argv[1]), 3); os.environ.update(LISTEN_PID=str(os.getpid()), "
+             "LISTEN_FDS='1'); os.execv(sys.executable, [sys.executable, '-m', 'edged', 'serve', '--config', sys.argv[2]])")
+    with open(daemon.log, "ab") as log:
+        daemon.proc = subprocess.Popen([sys.executable, "-c", start, str(fd), str(daemon.config)],
+                                       cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env, pass_fds=(fd,))
+    daemon.socket = Path(listener.getsockname())
+    return daemon
+
+
+@pytest.mark.parametrize("socket_kept", [True, False], ids=["socket-activated", "own-socket"])
+def test_cache_warm_stops_when_the_daemon_restarts(tmp_path: Path, bundle_dir: Path, socket_kept: bool) -> None:
+    # The new daemon's warm-up counts start at 0 and never reach the old one's: edgectl polled
+    # forever. Under socket activation the socket stays open across the restart; else the new
+    # daemon binds the path again, which edgectl waits a little for.
+    phrases = tmp_path / "phrases.txt"
+    phrases.write_text("".join(f"Phrase number {n} to warm up.\n" for n in range(200)), encoding="utf-8")
+    outcome: list[subprocess.CompletedProcess[bytes]] = []
+
+    def warm(path: Path) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):  # killed then: `outcome` stays empty
+            outcome.append(edgectl("cache", "warm", str(phrases), socket_path=path, timeout=40))
+
+    with contextlib.ExitStack() as stack:
+        if socket_kept:
+            listener = stack.enter_context(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+            listener.bind(str(tmp_path / "edged.sock"))
+            listener.listen(64)
+
+        def start(name: str) -> Daemon:
+            if socket_kept:
+                daemon = _activated(tmp_path / name, listener)
+            else:
+                daemon = Daemon(tmp_path / name)
+                daemon.socket = tmp_path / "run" / "edged.sock"
+                daemon.start()
+            stack.callback(daemon.stop)
+            return daemon
+
+        first = start("first")
+        first.wait_state("READY")
+        warming = threading.Thread(target=warm, args=(first.socket,))
+        warming.start()
+        wait_for(lambda: first.status()["cache"]["warm"]["total"] == 200, timeout=30)
+        assert first.stop() == 0
+        second = start("second")
+        warming.join(20)  # the new daemon answers its status while it loads its voice
+        assert outcome and outcome[0].returncode == 1, outcome
+        assert b"the daemon restarted; the warm-up was lost" in outcome[0].stderr
+        second.wait_state("READY")
+        assert second.stop() == 0
