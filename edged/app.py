@@ -246,7 +246,7 @@ class App:
         if streaming not in done:
             self.daemon.disconnects += 1
             streaming.cancel()
-            log.info("client hung up; synthesis cancelled")
+            log.debug("client hung up; its stream stopped")  # counted; a line each would flood the log
         try:
             await streaming
         except asyncio.CancelledError:
@@ -296,6 +296,10 @@ class App:
             await self.daemon.pipeline.output.wait(send(message))
         except StageTimeout:
             raise WriteStalled from None
+        # A hit's chunks are at hand and a write that fails does not suspend: without this turn
+        # of the loop, a client that hung up would not be noticed before the whole answer was
+        # written into its dead connection (asyncio logging a warning for every write).
+        await asyncio.sleep(0)
 
 
 def _require_streaming(scope: Scope) -> None:

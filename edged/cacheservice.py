@@ -119,7 +119,8 @@ class CacheService:
         if not results:
             results.append(await self.cache.clear())
         return {
-            "scope": {"voice": voice, "version": version, "tag": tag, "all": voice is None and tag is None},
+            "scope": {"voice": voice, "version": version, "tag": tag,
+                      "all": any(r.everything for r in results)},
             "memory_dropped": sum(r.memory_dropped for r in results),
             "disk_dropped": sum(r.disk_dropped for r in results),
             "persisted": all(r.persisted for r in results),

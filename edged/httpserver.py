@@ -188,12 +188,16 @@ class EdgedProtocol(HttpToolsProtocol):
 class _IntendedCutOff(logging.Filter):
     """Requests the daemon ends on purpose, which uvicorn would log as errors: a stream whose
     client stopped reading (the app returns early, uvicorn closes the connection), and a request
-    cancelled when the drain timeout ran out (HttpServer.drain logs that itself)."""
+    cancelled when the drain timeout ran out (HttpServer.drain logs that itself). And uvicorn's
+    warning for each request its parser refuses (answered with the JSON 400 and counted in the
+    metrics): any local client could flood the journal with it."""
+
+    QUIET = frozenset({"ASGI callable returned without completing response.", "Invalid HTTP request received."})
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError):
             return False
-        return record.getMessage() != "ASGI callable returned without completing response."
+        return record.getMessage() not in self.QUIET
 
 
 class HttpServer:

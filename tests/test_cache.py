@@ -341,6 +341,42 @@ def test_invalidation_drops_exactly_its_scope_and_survives_restart(
     run(again())
 
 
+def test_invalidation_counters_are_bounded_and_a_full_clear_restarts_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each scope ever invalidated kept a counter, in memory and on disk: a client clearing a new
+    # tag each time grew them without end.
+    import sqlite3
+
+    from edged.cache import generations
+    from edged.cache.layout import DBNAME, Layout
+
+    monkeypatch.setattr(generations, "MAX_SCOPES", 5)
+
+    def stored_scopes() -> list[str]:
+        db = sqlite3.connect(Layout(tmp_path / "cache").store / DBNAME)
+        try:
+            return [row[0] for row in db.execute("SELECT scope FROM edged_generations")]
+        finally:
+            db.close()
+
+    async def scenario() -> None:
+        cache = await AudioCache.open(settings(tmp_path))
+        tagged = Producer()
+        await fetch(cache, tagged, KEY, "kept-before")
+        for i in range(5):
+            assert not (await cache.invalidate_tag(f"tag-{i}")).everything
+        await settle(cache)
+        assert len(stored_scopes()) == 5
+        result = await cache.invalidate_tag("one-too-many")  # past the bound: everything goes
+        assert result.everything and result.memory_dropped == 1
+        await settle(cache)
+        assert stored_scopes() == [generations.ALL]
+        assert (await fetch(cache, tagged, KEY, "kept-before"))[0] == "miss"
+        await cache.close()
+
+    run(scenario())
+
+
 def test_synthesis_running_during_invalidation_is_not_stored(tmp_path: Path) -> None:
     async def scenario() -> None:
         cache = await AudioCache.open(settings(tmp_path))

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from daemon_harness import LONG_TEXT, OTHER_VOICE, Daemon, other_voice, post_raw, read_head, wait_for
+from daemon_harness import LONG_TEXT, OTHER_VOICE, SENTENCE, Daemon, other_voice, post_raw, read_head, wait_for
 
 SHORT = "Hello there, this is a test."
 
@@ -291,6 +291,30 @@ def test_a_pipelined_request_still_sending_its_headers_does_not_cut_the_running_
             time.sleep(0.05)  # read at a modest pace: the stream outlasts the header deadline
     # Hung up: its synthesis ends before the next test counts cancellations.
     wait_for(lambda: daemon.status()["admission"]["active"] == 0, timeout=10)
+
+
+def test_hanging_up_on_a_cached_answer_is_counted_and_logs_nothing(daemon: Daemon) -> None:
+    # A hit's chunks are at hand: the rest of the answer was written into the dead connection,
+    # with an asyncio warning per write (~30 here), and counted as served (200), not as a hang-up.
+    body = {"text": SENTENCE * 3, "format": "pcm"}
+    assert daemon.request("POST", "/v1/synthesize", body).status == 200  # now cached (~2 MB)
+    before, log_lines = daemon.status()["synthesis"]["disconnects"], len(daemon.log_text().splitlines())
+    for _ in range(10):
+        with daemon.connect() as sock:
+            sock.sendall(post_raw(body))
+            assert sock.recv(10).startswith(b"HTTP/1.1 ")
+    wait_for(lambda: daemon.status()["synthesis"]["disconnects"] == before + 10, timeout=10)
+    assert len(daemon.log_text().splitlines()) - log_lines <= 10
+
+
+def test_requests_the_parser_refuses_are_answered_without_a_log_line_each(daemon: Daemon) -> None:
+    log_lines = len(daemon.log_text().splitlines())
+    for _ in range(20):
+        with daemon.connect() as sock:
+            sock.sendall(b"\x16\x03\x01 HTTP/1.1\r\n\r\n")
+            status, _ = read_head(sock)
+            assert status == 400
+    assert len(daemon.log_text().splitlines()) == log_lines
 
 
 def test_client_that_never_reads_is_cut_off_without_buffering(daemon: Daemon) -> None:

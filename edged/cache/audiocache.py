@@ -47,6 +47,8 @@ class Invalidation:
     """Entries deleted from disk now; others of the scope are skipped and dropped when read."""
     persisted: bool
     """False if the disk tier could not record it (then it holds only until restart)."""
+    everything: bool = False
+    """Everything was cleared (asked for, or past generations.MAX_SCOPES)."""
 
 
 @dataclass(frozen=True)
@@ -297,6 +299,10 @@ class AudioCache:
         return await self._invalidate(gen.ALL, lambda: self.disk.clear())  # type: ignore[union-attr]
 
     async def _invalidate(self, scope: str, delete: Callable[[], int] | None) -> Invalidation:
+        if scope != gen.ALL and self._generations.full(scope):
+            log.warning("%d cache scopes invalidated already; clearing everything instead of one more",
+                        gen.MAX_SCOPES)
+            return await self.clear()
         value = self._generations.bump(scope)
         now = time.time()
         dropped = self._memory.purge(lambda entry: not self._fresh(entry.meta, now))
@@ -305,7 +311,7 @@ class AudioCache:
             persisted = await self._write(self.disk.save_generation, scope, value)
             if delete is not None:
                 disk_dropped = await self._write(delete)
-        return Invalidation(dropped, disk_dropped, persisted)
+        return Invalidation(dropped, disk_dropped, persisted, everything=scope == gen.ALL)
 
     # -- metrics --------------------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ from typing import Literal
 import diskcache  # type: ignore[import-untyped]  # no type hints in 5.6.3
 
 from . import faults, record
-from .generations import Generations
+from .generations import ALL, Generations
 from .layout import DBNAME, Layout, is_value_dir, own_private_dir
 from .rawdisk import RawDisk, UnreadableRow
 from .settings import CacheSettings
@@ -347,6 +347,9 @@ class DiskStore:
             with self._db_lock:
                 self._db.execute("INSERT INTO edged_generations VALUES (?, ?) ON CONFLICT(scope)"
                                  " DO UPDATE SET gen = max(gen, excluded.gen)", (scope, value))
+                if scope == ALL:  # the other counters start again (Generations.bump); only once
+                    # ALL is stored: the other way round, a crash between would revive old entries
+                    self._db.execute("DELETE FROM edged_generations WHERE scope != ?", (ALL,))
             return True
         except sqlite3.DatabaseError as error:
             self._on_db_error(error, "invalidate")

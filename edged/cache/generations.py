@@ -11,6 +11,10 @@ from __future__ import annotations
 
 ALL = "all"
 _SEP = "\x1f"
+MAX_SCOPES = 10_000
+"""Counters kept at most. Each scope ever invalidated keeps one (a client clearing a new tag
+every time would grow them without end); past this, invalidating a new scope clears everything
+instead (AudioCache), which lets every counter but ALL start again."""
 
 
 def voice_scope(voice: str) -> str:
@@ -40,8 +44,17 @@ class Generations:
 
     def bump(self, scope: str) -> int:
         value = self._gens.get(scope, 0) + 1
-        self._gens[scope] = value
+        if scope == ALL:
+            # Every entry and synthesis begun before is stale through ALL alone: the other
+            # counters may start again from 0 (an entry recorded under them is stale anyway).
+            self._gens = {ALL: value}
+        else:
+            self._gens[scope] = value
         return value
+
+    def full(self, scope: str) -> bool:
+        """Whether invalidating `scope` would add a counter past MAX_SCOPES."""
+        return scope not in self._gens and len(self._gens) >= MAX_SCOPES
 
     def merge(self, stored: dict[str, int]) -> None:
         """Take counters read from disk; never move a counter back."""
