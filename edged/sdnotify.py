@@ -60,13 +60,22 @@ class Notifier:
                 self._send(message)
             return
         self._waiting.append(message)
-        self._send_waiting()
+        if self._retry is None:  # else the retry sends it, in order
+            self._send_waiting()
+
+    async def flush(self, timeout_s: float) -> None:
+        """Wait (at most `timeout_s`) for the messages still waiting to be sent: STOPPING=1."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self._waiting and self._sock is not None and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(RETRY_S / 2)
 
     def close(self) -> None:
+        """Stop; what is still waiting is dropped (flush first)."""
         if self._retry is not None:
             self._retry.cancel()
+            self._retry = None
+        self._waiting.clear()
         if self._sock is not None:
-            self._send_waiting()  # a last try (STOPPING=1); what is still waiting is dropped
             self._sock.close()
             self._sock = None
 
@@ -74,7 +83,7 @@ class Notifier:
         self._retry = None
         while self._waiting:
             if not self._send(self._waiting[0]):
-                if self._loop is not None and not self._loop.is_closed():
+                if self._loop is not None:
                     self._retry = self._loop.call_later(RETRY_S, self._send_waiting)
                 else:
                     self._waiting.clear()

@@ -38,6 +38,8 @@ BACKLOG = 128
 M_ARENA_MAX = -8
 """glibc's mallopt parameter number (malloc.h)."""
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+NOTIFY_FLUSH_S = 1.0
+"""How long the exit waits for notifications systemd has not taken yet (STOPPING=1)."""
 MAX_SOCKET_PATH = 107
 """Bytes of a Unix socket's path (sun_path is 108, with the terminating NUL)."""
 
@@ -217,11 +219,12 @@ async def _run(daemon: Daemon, listener: Listener, early_stop: threading.Event) 
         ready.cancel()
         stopping.cancel()
         stop_watchdog()
-        for sig in (*STOP_SIGNALS, signal.SIGHUP):
-            loop.remove_signal_handler(sig)
         http.close()
         daemon.set_state(State.STOPPED)
+        await notify.flush(NOTIFY_FLUSH_S)  # signals are still ours meanwhile: a second is no kill
         notify.close()
+        for sig in (*STOP_SIGNALS, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
     return exit_code
 
 

@@ -480,6 +480,40 @@ def test_a_stored_synthesis_holds_only_what_its_listener_has_not_read(tmp_path: 
     run(after_restart())
 
 
+def test_a_synthesis_to_be_cached_waits_for_its_listener_and_is_stored_whole(tmp_path: Path) -> None:
+    # It ran to its end at full speed for a listener who had read nothing, holding its slot.
+    from edged.cache.flight import HIGH_WATER
+
+    async def scenario() -> None:
+        cache = await AudioCache.open(settings(tmp_path))
+        producer = Producer(chunks=40, size=100_000)
+        stream = await cache.stream(KEY, producer, sample_rate=RATE)
+        await asyncio.sleep(0.3)
+        assert producer.produced * 100_000 <= HIGH_WATER + 100_000 and not producer.finished
+        assert await stream.read_all() == producer.whole
+        await stream.aclose()
+        await settle(cache)
+        assert (await fetch(cache, producer))[0] == "hit" and producer.calls == 1
+        await cache.close()
+
+    run(scenario())
+
+
+def test_a_disk_hit_the_memory_tier_does_not_keep_counts_as_held(tmp_path: Path) -> None:
+    producer = Producer(chunks=10, size=100_000)
+    stored_before_a_restart(tmp_path, producer)
+
+    async def scenario() -> None:
+        cache = await AudioCache.open(settings(tmp_path, memory_bytes=0))
+        stream = await cache.stream(KEY, producer, sample_rate=RATE)
+        assert stream.status == "hit" and cache.stats().stream_buffer_bytes == 1_000_000
+        assert await stream.read_all() == producer.whole
+        assert cache.stats().stream_buffer_bytes == 0
+        await cache.close()
+
+    run(scenario())
+
+
 def test_every_listener_of_a_hit_shares_the_cached_audio(tmp_path: Path) -> None:
     async def scenario() -> None:
         cache = await AudioCache.open(settings(tmp_path))

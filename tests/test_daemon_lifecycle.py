@@ -376,13 +376,24 @@ def test_a_notify_socket_nobody_reads_does_not_stop_the_daemon(tmp_path: Path, b
             messages = []
             while "READY=1" not in messages:  # kept and sent again once systemd reads
                 messages.append(stalled.recv(4096).decode())
+            with contextlib.suppress(BlockingIOError):
+                while True:  # full again when the daemon stops
+                    filler.sendto(b"X-FILLER=1", str(tmp_path / "notify.sock"))
+            assert daemon.proc is not None
+            daemon.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+            while "STOPPING=1" not in messages:  # the exit waits a little for systemd to read it
+                messages.append(stalled.recv(4096).decode())
+            assert daemon.proc.wait(10) == 0
 
 
-def test_a_client_that_reads_slowly_does_not_keep_others_waiting(tmp_path: Path, bundle_dir: Path) -> None:
-    # One slot, no cache (which would otherwise buffer the audio for it): a client that takes
-    # its audio slowly lends the slot out between chunks, so another request is answered long
-    # before the queue timeout would refuse it.
-    config = "[cache]\nenabled = false\n[pipeline]\nmax_active = 1\nqueue_timeout_s = 5.0\n"
+@pytest.mark.parametrize("cache", ["true", "false"])
+def test_a_client_that_reads_slowly_does_not_keep_others_waiting(tmp_path: Path, bundle_dir: Path,
+                                                                  cache: str) -> None:
+    # One slot: a client that takes its audio slowly lends the slot out between chunks, so another
+    # request is answered long before the queue timeout would refuse it. With the cache on, the
+    # synthesis used to run to its end at full speed, to be stored whole, holding the slot.
+    config = f"[cache]\nenabled = {cache}\n[pipeline]\nmax_active = 1\nqueue_timeout_s = 5.0\n"
     with Daemon(tmp_path, config) as daemon, daemon.connect() as slow:
         body = json.dumps({"text": LONG_TEXT, "format": "pcm"}).encode()
         slow.sendall(post_raw(body))

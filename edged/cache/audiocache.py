@@ -206,7 +206,8 @@ class AudioCache:
                     self._remember(entry)
                     self._write(self.disk.touch, digest)  # type: ignore[union-attr]
                     flight.resolve("hit")
-                    flight.held = None  # audio the cache holds anyway, as for a memory hit
+                    if digest in self._memory:  # audio the cache holds anyway, as for a memory hit
+                        flight.held = None
                     for chunk in chunks_of(entry.audio, self.settings.chunk_bytes):
                         flight.append(chunk)
                     flight.finish()

@@ -18,8 +18,10 @@ Status = Literal["hit", "miss", "joined"]
 _tokens = itertools.count()
 
 HIGH_WATER = 1024 * 1024
-"""Once a flight will not be cached, its producer waits while the slowest stream lags by more
-than this many bytes (~24 s of 22 kHz audio), so memory stays bounded."""
+"""A producer waits while its audio runs this far ahead of its listeners (~24 s of 22 kHz audio):
+a synthesis for a slow listener then lends its slot out (edged.pipeline parks it)."""
+OVER_BUDGET_WATER = 128 * 1024
+"""The same, for flights not cached because the daemon-wide stream buffer is full."""
 
 Chunk = bytes | memoryview
 
@@ -101,10 +103,23 @@ class Flight:
         self._wake()
 
     async def room(self) -> None:
-        """Wait while an uncacheable flight has too much unread audio buffered."""
-        while not self.cacheable and self.buffered > HIGH_WATER and self._positions:
+        """Wait while the audio runs too far ahead of its listeners: of the fastest, for a flight
+        to be stored (it keeps every chunk anyway, and no listener waits for a slower one); of the
+        slowest, for one that will not be (what all have read is dropped, so memory stays bounded)."""
+        while self._positions and self._ahead() > self._water():
             self._room.clear()
             await self._room.wait()
+
+    def _ahead(self) -> int:
+        if not self.cacheable:
+            return self.buffered
+        fastest = max(self._positions.values()) - self.base
+        return sum(len(c) for c in self.chunks[fastest:])
+
+    def _water(self) -> int:
+        if self.cacheable or self.held is None or self.held.bytes <= self.held.limit:
+            return HIGH_WATER
+        return OVER_BUDGET_WATER
 
     def audio(self) -> bytes:
         """The whole audio (cacheable flights only)."""
@@ -129,6 +144,7 @@ class Flight:
             self._on_abandon(self)
         elif not self.cacheable or self.done:
             self._trim()
+        self._room.set()
 
     def _next(self, token: int) -> Chunk | None:
         pos = self._positions[token]
@@ -139,6 +155,7 @@ class Flight:
         chunk = self.chunks[index]
         if not self.cacheable or self.done:
             self._trim()
+        self._room.set()  # the producer looks again (room)
         return chunk
 
     def _trim(self) -> None:
@@ -149,8 +166,7 @@ class Flight:
             self._buffer(-sum(len(c) for c in self.chunks[:drop]))
             del self.chunks[:drop]
             self.base = low
-        if self.buffered <= HIGH_WATER:
-            self._room.set()
+        self._room.set()
 
     def _buffer(self, n: int) -> None:
         self.buffered += n

@@ -35,9 +35,9 @@ class CacheSettings:
     """Audio longer than this (~6 min) is streamed but not cached, so one long text cannot flush
     the memory tier or hold its whole audio in memory for late joiners."""
     stream_buffer_bytes: int = 64 * MiB
-    """Audio held for the streams of syntheses being cached, all together: a synthesis runs ahead
-    of its listeners to be stored whole. Past this, a synthesis is streamed without being cached,
-    at its slowest listener's pace, so slow listeners cannot fill memory."""
+    """Audio held for the streams of syntheses being cached, all together: a synthesis keeps what
+    it has made until it is whole and stored. Past this, a synthesis is streamed without being
+    cached, at its slowest listener's pace, so slow listeners cannot fill memory."""
     chunk_bytes: int = 64 * 1024
     """A hit is streamed in chunks of this size."""
     write_queue_bytes: int = 32 * MiB
