@@ -216,8 +216,8 @@ class App:
     def _openai_voice(self, name: str) -> str:
         """An explicit mapping, else an edged voice id, else (for OpenAI's names) the default voice."""
         openai = self.settings.openai
-        mapped = {alias.lower(): voice for alias, voice in openai.voice_map.items()}.get(name.lower())
-        if mapped is not None:  # OpenAI's names are not case-sensitive: "Alloy" is "alloy"
+        mapped = openai.voice_map.get(name.lower())  # its names are lower-cased: "Alloy" is "alloy"
+        if mapped is not None:
             return mapped
         try:
             return self.daemon.registry.info(name).voice_id

@@ -47,6 +47,10 @@ WARM_JOIN_RETRY_S = 0.5
 """A warm-up phrase that joined a live request's refused synthesis asks again this often."""
 
 
+class NotCached(Exception):
+    """A warm-up phrase whose audio will not be stored: synthesizing it on would be for nothing."""
+
+
 @dataclass
 class WarmProgress:
     total: int = 0
@@ -197,7 +201,9 @@ class CacheService:
             try:
                 async with stream:
                     async for _ in stream:
-                        pass
+                        if not stream.cacheable:  # too long, or the stream buffer is full
+                            raise NotCached("its audio will not be stored (too long, or the "
+                                            "stream buffer is full); left to live listeners, if any")
                 return
             except (Busy, StageTimeout):
                 if stream.status != "joined":

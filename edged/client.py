@@ -239,28 +239,18 @@ def _cache_clear(args: argparse.Namespace) -> int:
 def _cache_warm(args: argparse.Namespace) -> int:
     from .messages import parse_phrase_lines  # standard library only, like this module
 
-    try:  # utf-8-sig: a byte order mark (from some editors) is not part of the first phrase
+    try:  # bytes, whatever the locale: UTF-8 (a byte order mark is dropped by parse_phrase_lines)
         raw = sys.stdin.buffer.read() if str(args.file) == "-" else args.file.read_bytes()
-        text = raw.decode("utf-8-sig")
+        phrases = parse_phrase_lines(raw.decode("utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         print(f"edgectl: cannot read {args.file}: {exc}", file=sys.stderr)
         return 2
-    lines: list[int] = []  # the file's line of each phrase: errors name it, not an index in a batch
-    entries: list[dict[str, str]] = []
-    for number, line in enumerate(text.split("\n"), 1):
-        for p in parse_phrase_lines(line):
-            lines.append(number)
-            entries.append({"text": p.text, **({"voice": p.voice} if p.voice else {})})
-    if not entries:
+    if not phrases:
         print("edgectl: no phrases to warm", file=sys.stderr)
         return 2
-    status = get_json(args.socket, "/v1/status")
-    pid, limit = status["pid"], (status.get("limits") or {}).get("max_text_chars")
-    for number, entry in zip(lines, entries, strict=True):  # checked before any batch is queued
-        size = len(entry["text"])
-        if not size or (isinstance(limit, int) and size > limit):
-            problem = f"{size} characters, over the daemon's limit of {limit}" if size else "no text"
-            raise InputError(f"{args.file} line {number}: {problem}; nothing was queued")
+    lines = [p.line for p in phrases]  # errors name a file's line, not an index in a batch
+    entries = [{"text": p.text, **({"voice": p.voice} if p.voice else {})} for p in phrases]
+    pid = get_json(args.socket, "/v1/status")["pid"]
     start = failed_before = target = None
     sent = 0
     for batch in _warm_batches(entries):

@@ -137,7 +137,14 @@ class OpenAISettings:
     """Voice for OpenAI voice names (alloy, nova ...) that are not edged voice ids; empty: the
     daemon's default voice."""
     voice_map: dict[str, str] = field(default_factory=dict)
-    """Explicit name -> edged voice id mappings, checked first."""
+    """Explicit name -> edged voice id mappings, checked first. Names are matched whatever their
+    case, as OpenAI's are (kept lower-cased)."""
+
+    def __post_init__(self) -> None:
+        lowered = {name.lower(): voice for name, voice in self.voice_map.items()}
+        if len(lowered) < len(self.voice_map):
+            raise ValueError("openai.voice_map names two aliases that differ only in case")
+        self.voice_map = lowered
 
 
 @dataclass(frozen=True)

@@ -185,6 +185,8 @@ class Phrase:
     text: str
     voice: str | None = None
     """Voice id; None: the daemon's default voice."""
+    line: int = 0
+    """Its line in a phrase list (parse_phrase_lines), for messages; 0 otherwise."""
 
 
 def cache_scope(data: dict[str, Any]) -> CacheScope:
@@ -243,9 +245,10 @@ def parse_phrase_lines(text: str) -> list[Phrase]:
     """A phrase list: one phrase a line, optionally "voice<TAB>text"; blank lines and lines
     starting with # are skipped."""
     phrases = []
-    for line in text.removeprefix("\ufeff").splitlines():  # a BOM from an editor is not text
+    for number, line in enumerate(text.removeprefix("\ufeff").splitlines(), 1):  # a BOM is no text
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         voice, tab, rest = line.partition("\t")
-        phrases.append(Phrase(rest.strip(), voice.strip() or None) if tab else Phrase(line.strip()))
+        phrases.append(Phrase(rest.strip(), voice.strip() or None, number) if tab
+                       else Phrase(line.strip(), line=number))
     return phrases

@@ -475,3 +475,72 @@ def test_a_lowered_size_limit_is_met_at_open(tmp_path: Path) -> None:
     store = DiskStore.open(CacheSettings(directory=tmp_path / "cache", disk_bytes=1_500_000), Generations())
     assert store.state == "ok" and store.volume <= 1_500_000 and 0 < store.count < 30
     store.close()
+
+
+def test_a_clear_made_while_the_disk_tier_was_off_holds_when_it_comes_back(tmp_path: Path) -> None:
+    # The tier opened late merged the stored counters over the clear's: cleared audio was served.
+    import fcntl
+
+    old = Producer()
+
+    async def before() -> None:
+        cache = await AudioCache.open(CacheSettings(directory=tmp_path / "cache", ttl_seconds=None))
+        await cache.clear()  # the stored counter is ahead of a fresh process's
+        await fetch(cache, old)
+        await cache.close()
+
+    async def with_the_tier_off_at_first(lock: int) -> None:
+        settings = CacheSettings(directory=tmp_path / "cache", ttl_seconds=None, write_retry_seconds=0.0)
+        cache = await AudioCache.open(settings)
+        assert cache.disk is not None and cache.disk.state == "off"  # the directory is locked
+        assert not (await cache.clear()).persisted
+        os.close(lock)  # the directory is free: the next store opens the tier
+        await fetch(cache, Producer(), CacheKey.make("another", "v", "1"))
+        await settle(cache)
+        assert cache.disk.state == "ok"
+        assert (await fetch(cache, Producer()))[0] == "miss"
+        await cache.close()
+
+    run(before())
+    lock = os.open(Layout(tmp_path / "cache").lock, os.O_RDWR)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    run(with_the_tier_off_at_first(lock))
+
+
+def test_reads_stuck_on_a_stalled_disk_do_not_hold_up_later_requests(tmp_path: Path) -> None:
+    # A disk that stops answering cannot be made here: its reads are held on an event instead
+    # (the real read follows). Once both reader threads are stuck, reads are misses at once.
+    import threading
+    import time
+
+    stored = Producer()
+
+    async def before() -> None:
+        cache = await AudioCache.open(CacheSettings(directory=tmp_path / "cache", ttl_seconds=None))
+        await fetch(cache, stored)
+        await cache.close()
+
+    async def stalled() -> None:
+        settings = CacheSettings(directory=tmp_path / "cache", ttl_seconds=None, memory_bytes=0,
+                                 disk_timeout_seconds=0.2)
+        cache = await AudioCache.open(settings)
+        assert cache.disk is not None
+        disk_answers, real_get = threading.Event(), cache.disk.get
+
+        def held_get(digest: str):  # type: ignore[no-untyped-def]
+            disk_answers.wait(30)
+            return real_get(digest)
+
+        cache.disk.get = held_get  # type: ignore[method-assign]
+        keys = [CacheKey.make(f"stuck {i}", "v", "1") for i in range(2)]
+        await asyncio.gather(*(fetch(cache, Producer(), key) for key in keys))  # 0.2 s each, in parallel
+        started = time.monotonic()
+        assert (await fetch(cache, Producer()))[0] == "miss"  # KEY is stored, but the disk is stuck
+        assert time.monotonic() - started < 0.15
+        disk_answers.set()
+        await asyncio.sleep(0.2)
+        assert (await fetch(cache, stored))[0] == "hit"  # the disk answers again
+        await cache.close()
+
+    run(before())
+    run(stalled())

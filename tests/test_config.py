@@ -55,6 +55,7 @@ def test_partial_tables_keep_other_defaults(tmp_path: Path) -> None:
     ("[cache]\ndisk_bytes = 99999999999999999999999\n", "cache.disk_bytes is out of range"),
     ("[cache]\ndirectory = \"a\\u0000b\"\n", "cache.directory must not contain a NUL"),
     ("[voices]\nsearch_path = [\"/a\\u0000b\"]\n", "voices.search_path must not contain a NUL"),
+    ("[openai]\nvoice_map = { Alloy = \"a\", alloy = \"b\" }\n", "differ only in case"),
 ])
 def test_bad_config_is_refused_with_the_setting_named(tmp_path: Path, text: str, message: str) -> None:
     config = tmp_path / "edged.toml"

@@ -238,6 +238,17 @@ def test_configured_warm_file_is_warmed_at_start(tmp_path: Path, bundle_dir: Pat
         assert "over the limit of 50" in daemon.log_text()
 
 
+def test_a_warm_up_phrase_too_long_to_cache_is_given_up_not_counted_as_warmed(tmp_path: Path, bundle_dir: Path) -> None:
+    # It was synthesized to its end for nothing, and counted as synthesized.
+    config = "[cache]\nmax_entry_bytes = 100000\n"  # ~2 s of audio
+    with Daemon(tmp_path / "d", config) as daemon:
+        reply = daemon.request("POST", "/v1/cache/warm", {"phrases": [MEDIUM]})
+        assert reply.status == 202
+        warm = wait_for(lambda: (w := daemon.status()["cache"]["warm"])["done"] == 1 and w, timeout=30)
+        assert (warm["synthesized"], warm["failed"]) == (0, 1)
+        assert "will not be stored" in daemon.log_text()
+
+
 @pytest.mark.parametrize("kind", ["fifo", "device"])
 def test_a_warm_file_that_is_no_regular_file_is_refused_at_start(tmp_path: Path, bundle_dir: Path,
                                                                  kind: str) -> None:

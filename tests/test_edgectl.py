@@ -216,19 +216,6 @@ def test_cache_warm_reads_utf8_with_a_byte_order_mark_whatever_the_locale(
         assert b"warming 1/1 phrases, 0 failed" in done.stderr
 
 
-def test_cache_warm_checks_the_daemons_text_limit_before_sending_anything(tmp_path: Path) -> None:
-    # One line over the limit in a later batch would leave the earlier batches queued: when the
-    # daemon tells its limit, the whole file is checked first.
-    path = tmp_path / "listener.sock"
-    thread, received = _answer_once(path, "200 OK", json.dumps({"pid": 1, "limits": {"max_text_chars": 20}}).encode())
-    phrases = tmp_path / "phrases.txt"
-    phrases.write_text("# greetings\nShort enough.\n\n" + "x" * 21 + "\n", encoding="utf-8")
-    done = edgectl("cache", "warm", str(phrases), socket_path=path)
-    thread.join(30)
-    assert done.returncode == 2 and b"line 4: 21 characters, over the daemon's limit of 20" in done.stderr, done.stderr
-    assert received == [b""]  # the GET of /v1/status only: no phrase was sent
-
-
 @pytest.fixture(scope="module")
 def odd_daemon(tmp_path_factory: pytest.TempPathFactory, bundle_dir: Path) -> Iterator[Daemon]:
     """A daemon with an invalid bundle in its search path and a short text limit."""

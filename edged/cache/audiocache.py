@@ -32,6 +32,9 @@ from .record import CachedAudio, EntryMeta, audio_checksum
 from .settings import CacheSettings
 
 log = logging.getLogger(__name__)
+
+READERS = 2
+"""Threads reading the disk tier."""
 Producer = Callable[[], AsyncIterator[bytes]]
 T = TypeVar("T")
 
@@ -107,7 +110,9 @@ class AudioCache:
         self._held = Held(settings.stream_buffer_bytes)
         self._counters = _Counters()
         self._queued = 0
-        self._readers = ThreadPoolExecutor(2, thread_name_prefix="edged-cache-read")
+        self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="edged-cache-read")
+        self._stuck_reads = 0
+        """Disk reads that timed out and have not returned (a stalled disk)."""
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="edged-cache-write")
         self._closed = False
 
@@ -312,6 +317,8 @@ class AudioCache:
             persisted = await self._write(self.disk.save_generation, scope, value)
             if delete is not None:
                 disk_dropped = await self._write(delete)
+        if not persisted:
+            self._generations.unsaved(scope)
         return Invalidation(dropped, disk_dropped, persisted, everything=scope == gen.ALL)
 
     # -- metrics --------------------------------------------------------------------------------
@@ -371,13 +378,21 @@ class AudioCache:
 
     async def _read_entry(self, digest: str) -> CachedAudio | None:
         """The disk tier's entry, or None; a read that takes over `disk_timeout_seconds` (a stalled
-        disk) is a miss, so that requests do not hang behind it."""
+        disk) is a miss, and while as many reads are stuck as there are reader threads, every read
+        is a miss at once: requests do not wait behind them."""
+        if self._stuck_reads >= READERS:
+            return None
+        reading = self._read(self.disk.get, digest)  # type: ignore[union-attr]
         try:
-            return await asyncio.wait_for(self._read(self.disk.get, digest),  # type: ignore[union-attr]
-                                          self.settings.disk_timeout_seconds or None)
+            return await asyncio.wait_for(asyncio.shield(reading), self.settings.disk_timeout_seconds or None)
         except TimeoutError:
             log.warning("cache disk read took over %g s; answered as a miss", self.settings.disk_timeout_seconds)
+            self._stuck_reads += 1
+            reading.add_done_callback(self._read_unstuck)
             return None
+
+    def _read_unstuck(self, _: asyncio.Future[Any]) -> None:
+        self._stuck_reads -= 1
 
     def _write(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         future = asyncio.get_running_loop().run_in_executor(self._writer, fn, *args)

@@ -162,6 +162,7 @@ class DiskStore:
             # After a rebuild the table is empty: carry over what this process knows.
             db.executemany("INSERT INTO edged_generations VALUES (?, ?) ON CONFLICT(scope)"
                            " DO UPDATE SET gen = max(gen, excluded.gen)", self._generations.items())
+            self._generations.saved()
             self.volume, self.count = cache.volume(), len(cache)
         except BaseException:
             if db is not None:

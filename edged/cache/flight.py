@@ -34,9 +34,10 @@ def chunks_of(audio: bytes, size: int) -> list[Chunk]:
 
 class Held:
     """Audio that flights hold for their streams, all flights together, against a limit. Caching
-    a synthesis means holding its audio until the slowest stream has read it, since the producer
-    runs ahead at full speed; past the limit, a flight being produced is no longer cached, and its
-    producer is paced by its slowest stream (HIGH_WATER). Slow listeners cannot fill memory."""
+    a synthesis means holding all its audio until it is whole and stored (its producer runs up to
+    HIGH_WATER ahead of its fastest stream); past the limit, a flight being produced is no longer
+    cached, keeps only what its slowest stream has not read, and runs at most OVER_BUDGET_WATER
+    ahead of it. Slow listeners cannot fill memory."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -166,7 +167,6 @@ class Flight:
             self._buffer(-sum(len(c) for c in self.chunks[:drop]))
             del self.chunks[:drop]
             self.base = low
-        self._room.set()
 
     def _buffer(self, n: int) -> None:
         self.buffered += n
@@ -206,6 +206,11 @@ class AudioStream(AsyncIterator[Chunk]):
                 break
             await flight._more.wait()
         raise StopAsyncIteration
+
+    @property
+    def cacheable(self) -> bool:
+        """Whether the audio read so far may still be stored (not too long, buffer not full)."""
+        return self._flight is not None and self._flight.cacheable
 
     @property
     def known_size(self) -> int | None:

@@ -32,6 +32,8 @@ def tag_scope(tag: str) -> str:
 class Generations:
     def __init__(self) -> None:
         self._gens: dict[str, int] = {}
+        self._unsaved: set[str] = set()
+        """Scopes invalidated while the disk tier could not record it (off, or failing)."""
 
     def snapshot(self, voice: str, version: str, tag: str | None) -> tuple[int, int, int, int]:
         get = self._gens.get
@@ -48,6 +50,7 @@ class Generations:
             # Every entry and synthesis begun before is stale through ALL alone: the other
             # counters may start again from 0 (an entry recorded under them is stale anyway).
             self._gens = {ALL: value}
+            self._unsaved.clear()
         else:
             self._gens[scope] = value
         return value
@@ -56,11 +59,23 @@ class Generations:
         """Whether invalidating `scope` would add a counter past MAX_SCOPES."""
         return scope not in self._gens and len(self._gens) >= MAX_SCOPES
 
+    def unsaved(self, scope: str) -> None:
+        """`scope` was invalidated but not recorded on disk: `merge` must keep it ahead of disk."""
+        self._unsaved.add(scope)
+
     def merge(self, stored: dict[str, int]) -> None:
-        """Take counters read from disk; never move a counter back."""
+        """Take counters read from disk; never move a counter back. A scope invalidated while the
+        disk could not record it ends up past the stored counter: else a disk tier that comes
+        back (or opens late) would make the entries it invalidated fresh again."""
         for scope, value in stored.items():
             if value > self._gens.get(scope, 0):
                 self._gens[scope] = value
+        for scope in self._unsaved:
+            self._gens[scope] = max(self._gens.get(scope, 0), stored.get(scope, 0) + 1)
+
+    def saved(self) -> None:
+        """Every counter is on disk now."""
+        self._unsaved.clear()
 
     def items(self) -> list[tuple[str, int]]:
         return list(self._gens.items())

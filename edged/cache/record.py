@@ -11,7 +11,10 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+import types
+import typing
 from dataclasses import asdict, dataclass
+from typing import Any
 
 MAGIC = b"EDGA"
 LAYOUT = 1
@@ -19,11 +22,6 @@ _PREFIX = struct.Struct("<4sBI")
 _MAX_HEADER = 64 * 1024
 MAX_OVERHEAD = _PREFIX.size + _MAX_HEADER
 """Bytes a record may have besides its audio."""
-_HEADER_TYPES: dict[str, tuple[type, ...]] = {
-    "key": (str,), "voice": (str,), "version": (str,), "format": (str,), "sample_rate": (int,),
-    "tag": (str, type(None)), "created": (int, float), "expires": (int, float, type(None)),
-    "sha256": (str,), "size": (int,),
-}
 
 
 class CorruptEntry(Exception):
@@ -62,6 +60,17 @@ class EntryMeta:
 class CachedAudio:
     meta: EntryMeta
     audio: bytes
+
+
+def _json_types(hint: Any) -> tuple[type, ...]:
+    """The JSON values a field of type `hint` may hold (a float may be written as an int)."""
+    members = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    return tuple(t for member in members for t in ((int, float) if member is float else (member,)))
+
+
+_HEADER_TYPES = {name: _json_types(hint) for name, hint in typing.get_type_hints(EntryMeta).items()
+                 if name != "generations"}  # checked as it is converted to a tuple
+"""What each header field must be: only the audio is checksummed."""
 
 
 def audio_checksum(audio: bytes) -> str:
