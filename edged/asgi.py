@@ -17,7 +17,7 @@ Scope = dict[str, Any]
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-Headers = list[tuple[bytes, bytes]]
+Header = tuple[bytes, bytes]
 
 
 class ClientGone(Exception):
@@ -64,7 +64,7 @@ async def wait_disconnect(receive: Receive) -> None:
         pass
 
 
-async def send_json(send: Send, status: int, data: Any, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
+async def send_json(send: Send, status: int, data: Any, headers: Iterable[Header] = ()) -> None:
     body = json.dumps(data, ensure_ascii=False).encode("utf-8")
     await send({
         "type": "http.response.start",
@@ -81,7 +81,7 @@ def error_json(error: EdgedError) -> dict[str, Any]:
 
 
 async def send_error(send: Send, error: EdgedError, retry_after_s: int,
-                     headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
+                     headers: Iterable[Header] = ()) -> None:
     """The contract's error shape: {"error": {"code", "message"}}; 503s say when to retry."""
     extra = list(headers)
     if error.http_status == 503:

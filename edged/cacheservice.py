@@ -1,7 +1,7 @@
 """The audio cache in the daemon: the request path through it, invalidation, and warm-up.
 
-A hit needs no model: the key is built from the voice's manifest (id and version, read without
-loading its graphs), and the producer - the synthesis pipeline - runs only on a miss. So after a
+A hit needs no model: the key is built from the voice's manifest (id, version, precision and the
+digest of its files, read without loading its graphs), and the producer - the synthesis pipeline - runs only on a miss. So after a
 restart, cached phrases are served while voices are still loading.
 
 Warm-up yields to live requests: one phrase at a time, synthesized in the background (see

@@ -36,7 +36,7 @@ from .cliio import (
     read_text,
 )
 from .config import default_socket_path
-from .messages import CONTENT_TYPES, MAX_WARM_PHRASES
+from .messages import CONTENT_TYPES, MAX_WARM_PHRASES, parse_phrase_lines
 
 CHUNK = 64 * 1024
 WARM_POLL_S = 0.25
@@ -237,8 +237,6 @@ def _cache_clear(args: argparse.Namespace) -> int:
 
 
 def _cache_warm(args: argparse.Namespace) -> int:
-    from .messages import parse_phrase_lines  # standard library only, like this module
-
     try:  # bytes, whatever the locale: UTF-8 (a byte order mark is dropped by parse_phrase_lines)
         raw = sys.stdin.buffer.read() if str(args.file) == "-" else args.file.read_bytes()
         phrases = parse_phrase_lines(raw.decode("utf-8"))

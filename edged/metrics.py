@@ -3,7 +3,7 @@
 Events (requests, latencies, GC pauses) are counted as they happen; everything that is a state of
 the daemon (queue lengths per stage, memory, threads, providers) is read from the daemon when
 scraped, so it is never counted twice and never stale. prometheus_client is imported when the
-metrics are built, not at module import (edged.daemon uses `process_figures` from here cheaply).
+metrics are built, not at module import.
 """
 
 from __future__ import annotations
@@ -175,8 +175,6 @@ def _cache_metrics(c: dict[str, Any]) -> Iterator[Any]:
     state = GaugeMetricFamily("edged_cache_disk_state", "1 for the disk tier's current state.", labels=["state"])
     for name in ("ok", "paused", "off"):
         state.add_metric([name], 1.0 if c["disk_state"] == name else 0.0)
-    if c["disk_state"] not in ("ok", "paused", "off"):
-        state.add_metric([c["disk_state"]], 1.0)
     yield state
     failures = CounterMetricFamily("edged_cache_disk_write_failures", "Disk writes that failed, by reason.",
                                    labels=["reason"])

@@ -1,6 +1,6 @@
 """The request path: admission -> text -> front -> back windows -> output, each stage bounded.
 
-    async for chunk in pipeline.synthesize_stream(request):   # wav header + PCM, as produced
+    async for chunk in pipeline.synthesize_stream(request):   # PCM, as produced
         await pipeline.output.wait(send(chunk))
 
 Every stage has its own concurrency limit, its own timeout and (for the blocking ones) its own
@@ -13,7 +13,6 @@ before each window: the window being decoded finishes in its thread, no further 
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import functools
 import logging
@@ -21,10 +20,11 @@ import os
 import threading
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from .admission import Admission, Slot
 from .config import PipelineSettings, StageSettings
-from .errors import Busy, NotReady, StageTimeout
+from .errors import NotReady, StageTimeout
 from .messages import AudioFormat
 from .preemption import Background, Preemption
 
@@ -147,88 +147,6 @@ class Stage:
         self._release()
 
 
-class Admission:
-    """At most `capacity` syntheses at once and `queue_size` waiting; beyond that, Busy at once.
-
-    A synthesis whose client is slow to take its audio (reading it at playback speed, say) is
-    parked: its slot goes to the next request while it waits for the client, and it gets a slot
-    back, before any new request, once the client wants more. So slow listeners cannot hold
-    every slot idle and starve everyone else."""
-
-    def __init__(self, capacity: int, queue_size: int, queue_timeout_s: float) -> None:
-        self.capacity = capacity
-        self.queue_size = queue_size
-        self.queue_timeout_s = queue_timeout_s
-        self._slots = asyncio.Semaphore(capacity)
-        self._resuming: collections.deque[asyncio.Future[None]] = collections.deque()
-        """Parked syntheses waiting for a slot back: served before new requests."""
-        self.active = 0
-        self.waiting = 0
-        self.parked = 0
-        self.rejected = 0
-
-    async def enter(self) -> None:
-        if self._slots.locked():
-            if self.waiting >= self.queue_size:
-                self.rejected += 1
-                raise Busy(f"busy: {self.active} syntheses running and {self.waiting} waiting")
-            self.waiting += 1
-            try:
-                async with asyncio.timeout(self.queue_timeout_s):
-                    await self._slots.acquire()
-            except TimeoutError:
-                self.rejected += 1
-                raise Busy(f"busy: no synthesis slot within {self.queue_timeout_s:g} s") from None
-            finally:
-                self.waiting -= 1
-        else:
-            await self._slots.acquire()
-        self.active += 1
-
-    def leave(self) -> None:
-        self.active -= 1
-        self._free_slot()
-
-    def park(self) -> None:
-        """Give the slot up while the client is slow to take the audio."""
-        self.active -= 1
-        self.parked += 1
-        self._free_slot()
-
-    def forget_parked(self) -> None:
-        """A parked synthesis ended (its client left) without taking a slot back."""
-        self.parked -= 1
-
-    async def resume(self) -> None:
-        """Take a slot back after `park`: the first one freed, with no queue limit or timeout."""
-        self.parked -= 1
-        if self._resuming or self._slots.locked():
-            handed = asyncio.get_running_loop().create_future()
-            self._resuming.append(handed)
-            try:
-                await handed
-            except asyncio.CancelledError:
-                if handed in self._resuming:
-                    self._resuming.remove(handed)
-                elif not handed.cancelled():
-                    self._free_slot()  # handed over as this one was cancelled: pass it on
-                raise
-        else:
-            await self._slots.acquire()  # free: at once
-        self.active += 1
-
-    @property
-    def resuming(self) -> int:
-        """Parked syntheses whose client wants more, waiting for a slot."""
-        return len(self._resuming)
-
-    def _free_slot(self) -> None:
-        if self._resuming:
-            self._resuming.popleft().set_result(None)  # straight to a parked synthesis
-        else:
-            self._slots.release()
-
-
 @dataclass
 class PipelineCounts:
     completed: int = 0
@@ -270,11 +188,10 @@ class Pipeline:
         until no live synthesis is about, and is stopped and made again when one comes (until it is
         promoted, see edged.preemption)."""
         call: Callable[..., Awaitable[Any]]
-        slot: _Slot | None = None
+        slot: Slot | None = None
         if background is not None:
             call = functools.partial(self.preemption.run, background=background)
         else:
-            call = Stage.run
             self.preemption.live_started()
             try:
                 await self.admission.enter()
@@ -283,7 +200,7 @@ class Pipeline:
                 if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
                     self.counts.cancelled += 1  # its client hung up while it waited for a slot
                 raise
-            slot = _Slot(self.admission, self.preemption, self.settings.park_after_s)
+            slot = Slot(self.admission, self.preemption, self.settings.park_after_s)
             call = functools.partial(_live_call, slot)
         finished = False
         try:
@@ -332,56 +249,7 @@ def _expect_bundle(voice: Voice, request: SynthesisRequest) -> None:
         raise NotReady(f"voice {request.voice_id!r} was replaced while this request was made; ask again")
 
 
-class _Slot:
-    """A live synthesis's admission slot, parked (Admission.park) while its client takes more
-    than `park_after_s` to want the next chunk. Parked, it is not live work either: background
-    warm-up may use the CPU meanwhile (edged.preemption)."""
-
-    def __init__(self, admission: Admission, preemption: Preemption, park_after_s: float) -> None:
-        self.admission = admission
-        self.preemption = preemption
-        self.park_after_s = park_after_s
-        self.state: Literal["held", "parked", "taking back", "released"] = "held"
-        self._timer: asyncio.TimerHandle | None = None
-
-    def park_if_slow(self) -> None:
-        """Called as a chunk goes to the client."""
-        self._timer = asyncio.get_running_loop().call_later(self.park_after_s, self._park)
-
-    async def take_back(self) -> None:
-        """Called before work, once the client wanted the next chunk."""
-        self._cancel_timer()
-        if self.state == "parked":
-            self.state = "taking back"  # if cancelled in the wait, it holds no slot to give back
-            self.preemption.live_started()
-            await self.admission.resume()
-            self.state = "held"
-
-    def release(self) -> None:
-        self._cancel_timer()
-        if self.state == "released":
-            return
-        if self.state == "held":
-            self.admission.leave()
-        elif self.state == "parked":
-            self.admission.forget_parked()
-        if self.state != "parked":  # parked, it was no longer counted as live
-            self.preemption.live_ended()
-        self.state = "released"
-
-    def _park(self) -> None:
-        self._timer = None
-        self.state = "parked"
-        self.admission.park()
-        self.preemption.live_ended()
-
-    def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-
-async def _live_call(slot: _Slot, stage: Stage, fn: Callable[..., T], *args: object) -> T:
+async def _live_call(slot: Slot, stage: Stage, fn: Callable[..., T], *args: object) -> T:
     """A live synthesis's stage call: its admission slot first, if it was parked meanwhile
     (taken back only when there is work, not to find the text at its end)."""
     await slot.take_back()

@@ -65,6 +65,7 @@ class VoiceRegistry:
         """Facts read from the manifests of voices not loaded (yet)."""
         self._loaded_infos: dict[str, VoiceInfo] = {}
         """Facts of the bundles loaded: final (a voice is loaded once)."""
+        self._warned_hidden: set[str] = set()
         self._loads: dict[str, concurrent.futures.Future[Voice]] = {}
         self._failed_at: dict[str, float] = {}
         """When each voice's latest load failed (time.monotonic)."""
@@ -87,7 +88,8 @@ class VoiceRegistry:
             raise UnknownVoice(f"unknown voice {voice_id!r}: no bundle with that id is installed")
         bundle = found[0]  # the first in the search path
         hidden = [other for other in found[1:] if other.resolve() != bundle.resolve()]
-        if hidden:
+        if hidden and voice_id not in self._warned_hidden:  # once: status calls ask again and again
+            self._warned_hidden.add(voice_id)
             log.warning("voice %s: using %s; also found in %s, not used", voice_id, bundle,
                         ", ".join(map(str, hidden)))
         info = self._info_of(voice_id, bundle, read_manifest(bundle))
@@ -197,14 +199,15 @@ class VoiceRegistry:
 
         voice = Voice.load(info.bundle_dir, EngineSettings(precision=self.settings.precision or None,  # type: ignore[arg-type]
                                                            verify=self.settings.verify))
-        # The bundle may have been replaced since its facts were read (a field update before the
-        # voice's first use): from now on they are those of the bundle loaded.
-        self._loaded_infos[info.voice_id] = self._info_of(info.voice_id, info.bundle_dir, voice.manifest)
+        loaded = self._info_of(info.voice_id, info.bundle_dir, voice.manifest)
         if self.settings.probe_text:
             # The first window of a probe phrase runs espeak-ng and both graphs: the voice can
             # answer. Only one window: the rest would prove nothing more and delay READY.
             for _ in voice.synthesize(self.settings.probe_text):
                 break
+        # The bundle may have been replaced since its facts were read (a field update before the
+        # voice's first use): from now on they are those of the bundle loaded (and answering).
+        self._loaded_infos[info.voice_id] = loaded
         return voice
 
 

@@ -4,9 +4,10 @@
 
 Start-up is ordered for a fast READY: the socket is bound first (so clients can connect and ask
 /v1/health at once), the voices start loading in threads, and only then is the HTTP layer
-imported, while they load. Shutdown (SIGTERM/SIGINT): stop accepting -> tell systemd -> let
-in-flight requests finish within `drain_timeout_s` -> cancel the rest -> exit 0. Everything waits
-on events; nothing polls on a timer.
+imported, while they load. Shutdown (SIGTERM/SIGINT): tell systemd (STOPPING=1) -> stop accepting
+-> let in-flight requests finish within `drain_timeout_s` (a second signal cuts that short) ->
+cancel the rest -> exit 0. The daemon waits on events; only the watchdog and notifications that
+systemd has not taken yet run on timers.
 """
 
 from __future__ import annotations

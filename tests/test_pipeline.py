@@ -9,10 +9,11 @@ from collections.abc import AsyncGenerator, AsyncIterator
 import pytest
 from pipeline_helpers import request_for, slot_held
 
+from edged.admission import Admission
 from edged.config import StageSettings
 from edged.engine import Voice
 from edged.errors import Busy, StageTimeout
-from edged.pipeline import Admission, Pipeline, Stage
+from edged.pipeline import Pipeline, Stage
 from edged.preemption import Background
 
 

@@ -100,3 +100,36 @@ def test_a_voice_loaded_on_a_retry_is_described_by_the_bundle_it_loaded(
         voices_registry.close()
 
     asyncio.run(scenario())
+
+
+def test_a_voice_whose_probe_failed_is_described_afresh(tmp_path: Path, bundle_dir: Path) -> None:
+    # The facts of a loaded bundle were kept before its probe synthesis ran: when the probe
+    # failed, they outlived the failure, and a bundle put in its place was described by them.
+    import numpy as np
+
+    from edged.bundle import file_digest
+
+    voices = tmp_path / "voices"
+    broken = install_as(voices, bundle_dir, "xx_XX-probed", skip=("back.fp32.onnx.data",))
+    weights = broken / "back.fp32.onnx.data"
+    weights.write_bytes((bundle_dir / "back.fp32.onnx.data").read_bytes())
+    with weights.open("r+b") as f:  # a megabyte of weights in the middle made NaN
+        f.seek(weights.stat().st_size // 2)
+        f.write(np.full(1 << 18, np.nan, dtype=np.float32).tobytes())
+    manifest = json.loads((broken / "manifest.json").read_text())
+    manifest["files"]["back.fp32.onnx.data"] = file_digest(weights)
+    (broken / "manifest.json").write_text(json.dumps(manifest))
+
+    async def scenario() -> None:
+        voices_registry = VoiceRegistry(VoiceSettings(search_path=[str(voices)], precision="fp32"))
+        with pytest.raises(BundleError, match="NaN"):
+            await voices_registry.voice("xx_XX-probed", 30)
+        fixed = install_as(tmp_path / "staging", bundle_dir, "xx_XX-probed")
+        good = json.loads((fixed / "manifest.json").read_text())
+        (fixed / "manifest.json").write_text(json.dumps({**good, "version": "2.0.0"}))
+        shutil.rmtree(broken)
+        fixed.rename(broken)
+        assert voices_registry.info("xx_XX-probed").version == "2.0.0"
+        voices_registry.close()
+
+    asyncio.run(scenario())

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from . import generations as gen
-from .diskstore import DiskState, DiskStore, EvictionPolicy
+from .diskstore import DiskState, DiskStore
 from .flight import AudioStream, Flight, Held, chunks_of
 from .key import CacheKey
 from .memory import MemoryTier
-from .record import CachedAudio, EntryMeta, audio_checksum
+from .record import CachedAudio, EntryMeta
 from .settings import CacheSettings
 
 log = logging.getLogger(__name__)
@@ -99,11 +99,10 @@ class _Counters:
 
 
 class AudioCache:
-    def __init__(self, settings: CacheSettings, disk: DiskStore | None,
-                 generations: gen.Generations) -> None:
+    def __init__(self, settings: CacheSettings) -> None:
         self.settings = settings
-        self.disk = disk
-        self._generations = generations
+        self.disk: DiskStore | None = None
+        self._generations = gen.Generations()
         self._memory = MemoryTier(settings.memory_bytes)
         self._touched: dict[str, float] = {}
         self._flights: dict[str, Flight] = {}
@@ -117,14 +116,12 @@ class AudioCache:
         self._closed = False
 
     @classmethod
-    async def open(cls, settings: CacheSettings,
-                   eviction_policy: EvictionPolicy = "least-recently-stored") -> AudioCache:
+    async def open(cls, settings: CacheSettings) -> AudioCache:
         """Open both tiers. Never fails for disk trouble: the disk tier is then off (logged)."""
-        generations = gen.Generations()
-        cache = cls(settings, None, generations)
+        cache = cls(settings)
         if settings.disk:
             # On the writer thread, which then owns the connection that opening made.
-            disk = await cache._write(DiskStore.open, settings, generations, eviction_policy)
+            disk = await cache._write(DiskStore.open, settings, cache._generations)
             cache.disk = disk
             if disk.needs_repair:  # the last run was killed, or a rebuild left old files behind
                 cache._write(disk.repair)
@@ -270,7 +267,7 @@ class AudioCache:
             key=key.digest, voice=key.voice, version=key.version, format=key.format,
             sample_rate=sample_rate, tag=tag, created=now,
             expires=now + lifetime if lifetime else None, generations=flight.generations,
-            sha256=audio_checksum(audio), size=len(audio),
+            sha256="", size=len(audio),  # its checksum is the disk tier's, made on its thread
         )
         entry = CachedAudio(meta, audio)
         self._remember(entry)

@@ -302,7 +302,8 @@ class DiskStore:
             with cache.transact():
                 before = len(cache)
                 existed = meta.key in cache
-                cache.set(meta.key, record.encode(entry), expire=expire, tag=voice_tag(meta.voice, meta.version))
+                cache.set(meta.key, record.encode(record.checksummed(entry)), expire=expire,
+                          tag=voice_tag(meta.voice, meta.version))
                 after = len(cache)
             disk.saved()
         except (OSError, sqlite3.Error, diskcache.Timeout) as error:
@@ -318,7 +319,7 @@ class DiskStore:
         return True
 
     def touch(self, digest: str) -> None:
-        """Mark an entry recently used without rewriting it (see CacheSettings.touch_interval).
+        """Mark an entry recently used without rewriting it (see CacheSettings.touch_interval_seconds).
 
         diskcache has no public call that refreshes store_time, so this updates that column of its
         `Cache` table directly; tests/test_cache_disk.py checks that it still steers eviction."""

@@ -3,21 +3,11 @@
 from __future__ import annotations
 
 import errno
-import os
 import sqlite3
-from pathlib import Path
 
 import diskcache  # type: ignore[import-untyped]  # no type hints in 5.6.3
 
 CORRUPT_CODES = ("SQLITE_CORRUPT", "SQLITE_NOTADB")
-
-
-def private_dir(path: Path) -> None:
-    """Create with mode 0700 (parents too); tighten an existing directory we own."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = path.stat()
-    if info.st_mode & 0o077 and info.st_uid == os.geteuid():
-        os.chmod(path, 0o700)
 
 
 def sqlite_code(error: BaseException) -> str:

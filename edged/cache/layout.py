@@ -20,8 +20,6 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import faults
-
 DBNAME = "cache.db"
 
 
@@ -80,10 +78,13 @@ class Layout:
 def own_private_dir(path: Path) -> None:
     """`path` made (mode 0700) or tightened, and refused unless it is a directory of ours (not a
     symlink, not another user's)."""
-    faults.private_dir(path)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = os.lstat(path)
     if not stat.S_ISDIR(info.st_mode):
         raise CacheDirectoryError(f"{path} is not a directory; not using it")
+    if info.st_uid == os.geteuid() and info.st_mode & 0o077:
+        os.chmod(path, 0o700)
+        info = os.lstat(path)
     _require_own(info, path)
 
 

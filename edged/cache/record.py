@@ -8,6 +8,7 @@ carries the sha256 of the audio; an entry whose audio does not match it is never
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import struct
@@ -75,6 +76,12 @@ _HEADER_TYPES = {name: _json_types(hint) for name, hint in typing.get_type_hints
 
 def audio_checksum(audio: bytes) -> str:
     return hashlib.sha256(audio).hexdigest()
+
+
+def checksummed(entry: CachedAudio) -> CachedAudio:
+    """The entry with its audio's checksum in its header (hashing up to 16 MiB: done where it is
+    written, on the disk tier's thread, not on the event loop for every synthesis)."""
+    return CachedAudio(dataclasses.replace(entry.meta, sha256=audio_checksum(entry.audio)), entry.audio)
 
 
 def encode(entry: CachedAudio) -> bytes:
