@@ -48,8 +48,7 @@ class VoiceInfo:
 
     def request(self, text: str, speed: float, format: AudioFormat) -> SynthesisRequest:
         """A synthesis of `text` by this voice, as it is installed and loaded. The text is the
-        cache key's (whitespace normalized), so that what is spoken is what the key stands for:
-        long text is cut into blocks by length, and raw runs of spaces could move a cut."""
+        cache key's (normalize_text), so that what is spoken is what the key stands for."""
         return SynthesisRequest(normalize_text(text), self.voice_id, self.version, self.precision,
                                 self.sample_rate, speed, format, bundle_digest=self.bundle_digest)
 

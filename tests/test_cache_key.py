@@ -10,12 +10,8 @@ from edged.cache import CacheKey, normalize_text
 from edged.phonemes import sentences
 
 VARIANTS = [
-    ("Hello world. How are you?", "  Hello \t world.   How are you?  \n"),
-    ("Hello world.\nHow are you?", "Hello world. \r\n  How are you?"),
-    ("Hello world.\n\nHow are you?", "Hello world.\r\n \t\r\n\n\nHow are you?"),
-    ("Hello world\n\nhow are you", "Hello world \n \n how are you"),
-    ("I owe 1 000 dollars.", "I owe 1    000 dollars."),
-    ("Dr. Smith paid $1,299.99, Mr. O'Neil did not.", "Dr.  Smith paid $1,299.99,\tMr. O'Neil  did not."),
+    ("Hello world. How are you?", "  Hello world. How are you?\t "),
+    ("Dr. Smith paid $1,299.99, Mr. O'Neil did not.", "\tDr. Smith paid $1,299.99, Mr. O'Neil did not. "),
 ]
 
 
@@ -44,6 +40,18 @@ def test_normalization_leaves_letters_alone(text: str) -> None:
     assert normalize_text(text) == text
 
 
+@pytest.mark.parametrize(("spaced", "plain"), [
+    ("A \t 3.5 apples.", "A 3.5 apples."),  # "A" then a run of spaces: the letter, not the article
+    ("I work for the U.S.\rgovernment.", "I work for the U.S.\ngovernment."),  # a lone CR is a space
+    ("Your timer is done.\n\n", "Your timer is done."),  # a trailing blank line drops the final stop
+])
+def test_whitespace_espeak_hears_is_kept(spaced: str, plain: str) -> None:
+    # Each was folded into its plain form by the cache key (and so synthesized as such): the
+    # daemon spoke it otherwise than edged synth and Piper.
+    assert list(sentences(spaced, "en-us")) != list(sentences(plain, "en-us"))
+    assert normalize_text(spaced) == spaced
+
+
 def test_blank_line_is_kept_because_espeak_hears_it() -> None:
     # A paragraph break drops the sentence's final stop in espeak; folding it into a space would
     # change the audio, so the key must keep it.
@@ -69,7 +77,7 @@ def test_every_field_changes_the_digest() -> None:
 
 
 def test_equal_requests_share_a_key() -> None:
-    a = CacheKey.make(" Hello   there. ", "v", "1", 1, "pcm")
+    a = CacheKey.make(" Hello there.\t", "v", "1", 1, "pcm")
     b = CacheKey.make("Hello there.", "v", "1", 1.0, "pcm")
     assert a == b and a.digest == b.digest
 
@@ -84,12 +92,12 @@ def test_lone_surrogates_do_not_break_the_key() -> None:
 
 
 def test_the_text_synthesized_is_the_text_the_key_stands_for() -> None:
-    # Long text is cut into blocks by length: synthesizing the raw text, runs of spaces could move
-    # a cut, and two requests with one key would get different audio.
+    # Long text is cut into blocks by length: the text synthesized must be the key's, or two
+    # requests with one key could get different audio.
     from edged.registry import VoiceInfo
 
     info = VoiceInfo("en_US-joe-medium", "1.0.0", "int8", 22050, Path("."))
     raw = "  word   and\tword  " * 200 + "\n\n\n  end  "
     request = info.request(raw, 1.0, "wav")
     assert request.text == normalize_text(raw) == CacheKey.make(raw, "v", "1", 1.0, "pcm", "int8").text
-    assert "  " not in request.text and request.text.endswith("\n\nend")
+    assert request.text == raw.strip(" \t")
