@@ -94,10 +94,13 @@ class Admission:
         return len(self._resuming)
 
     def _free_slot(self) -> None:
-        if self._resuming:
-            self._resuming.popleft().set_result(None)  # straight to a parked synthesis
-        else:
-            self._slots.release()
+        while self._resuming:
+            handed = self._resuming.popleft()
+            # Done: its task was cancelled (its client left) and has not yet run to take it out.
+            if not handed.done():
+                handed.set_result(None)  # straight to a parked synthesis
+                return
+        self._slots.release()
 
 
 class Slot:
@@ -129,13 +132,15 @@ class Slot:
         self._cancel_timer()
         if self.state == "released":
             return
-        if self.state == "held":
-            self.admission.leave()
-        elif self.state == "parked":
-            self.admission.forget_parked()
-        if self.state != "parked":  # parked, it was no longer counted as live
-            self.preemption.live_ended()
-        self.state = "released"
+        state, self.state = self.state, "released"
+        try:
+            if state == "held":
+                self.admission.leave()
+            elif state == "parked":
+                self.admission.forget_parked()
+        finally:
+            if state != "parked":  # parked, it was no longer counted as live
+                self.preemption.live_ended()
 
     def _park(self) -> None:
         self._timer = None

@@ -182,28 +182,31 @@ class CacheService:
             try:
                 # The registry's rules (load_on_demand; a failed load tried again after a while), no deadline.
                 await self.registry.voice(info.voice_id, math.inf)
-                audio = False
                 async for chunk in self.pipeline.synthesize_stream(request, background):
-                    audio = audio or bool(chunk)
                     yield chunk
-                # Counted once whole: a failed one counts as failed only.
-                if audio:
-                    self.warm.synthesized += 1
-                else:
-                    self.warm.empty += 1
             finally:
-                del self._warming[key.digest]
+                # The same phrase warmed again (after this one was given up) has its own entry.
+                if self._warming.get(key.digest) is background:
+                    del self._warming[key.digest]
 
         for _attempt in range(WARM_JOIN_ATTEMPTS):
             # Not counted: the hit ratio is the requests' (warm-up's own figures are in self.warm).
             stream = await self.cache.stream(key, in_background, sample_rate=request.sample_rate,
                                              counted=False)
             try:
+                audio = False
                 async with stream:
-                    async for _ in stream:
+                    async for chunk in stream:
                         if not stream.cacheable:  # too long, or the stream buffer is full
                             raise NotCached("its audio will not be stored (too long, or the "
                                             "stream buffer is full); left to live listeners, if any")
+                        audio = audio or bool(chunk)
+                # Counted here, once read whole: a phrase given up or failed counts as failed only.
+                if stream.status == "miss":  # its own synthesis (not a hit, nor a live one joined)
+                    if audio:
+                        self.warm.synthesized += 1
+                    else:
+                        self.warm.empty += 1
                 return
             except (Busy, StageTimeout):
                 if stream.status != "joined":

@@ -249,6 +249,20 @@ def test_a_warm_up_phrase_too_long_to_cache_is_given_up_not_counted_as_warmed(tm
         assert "will not be stored" in daemon.log_text()
 
 
+def test_a_phrase_warmed_twice_does_not_cut_a_live_listener(tmp_path: Path, bundle_dir: Path) -> None:
+    # The first warm-up gave up its synthesis (too long to cache) to the live request that joined
+    # it; the second made its own. When the first ended, it removed the second's record, failed
+    # with a KeyError, and the live listener's answer broke off.
+    config = "[cache]\nmax_entry_bytes = 1000000\n"
+    with Daemon(tmp_path / "d", config) as daemon:
+        assert daemon.request("POST", "/v1/cache/warm", {"phrases": [LONG_TEXT, LONG_TEXT]}).status == 202
+        reply = daemon.request("POST", "/v1/synthesize", {"text": LONG_TEXT, "format": "pcm"}, timeout=120)
+        assert reply.status == 200 and len(reply.body) > 4_000_000
+        warm = wait_for(lambda: (w := daemon.status()["cache"]["warm"])["done"] == 2 and w, timeout=60)
+        assert warm["failed"] == 2 and warm["synthesized"] == 0
+        assert "Traceback" not in daemon.log_text()
+
+
 @pytest.mark.parametrize("kind", ["fifo", "device"])
 def test_a_warm_file_that_is_no_regular_file_is_refused_at_start(tmp_path: Path, bundle_dir: Path,
                                                                  kind: str) -> None:

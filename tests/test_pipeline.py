@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator
 
@@ -78,6 +79,28 @@ def test_admission_queue_timeout_is_busy() -> None:
         with pytest.raises(Busy, match="no synthesis slot"):
             await admission.enter()
         assert admission.waiting == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_slot_freed_as_a_resuming_client_leaves_goes_to_the_next() -> None:
+    # The resuming synthesis's task was cancelled (its client left); before it ran to take itself
+    # out of the queue, another freed its slot: handing it to the cancelled one raised, and the
+    # slot was lost for good (every later request 503 busy).
+    async def scenario() -> None:
+        admission = Admission(capacity=1, queue_size=4, queue_timeout_s=0.5)
+        await admission.enter()
+        admission.park()  # a slow listener lends its slot out...
+        await admission.enter()  # ...to another request
+        resuming = asyncio.create_task(admission.resume())  # the listener wants more: it waits
+        await asyncio.sleep(0)
+        assert admission.resuming == 1
+        resuming.cancel()  # its client leaves, and in the same turn the other request ends
+        admission.leave()
+        with contextlib.suppress(asyncio.CancelledError):
+            await resuming
+        await admission.enter()  # the slot is there for a new request
+        assert (admission.active, admission.resuming, admission.parked) == (1, 0, 0)
 
     asyncio.run(scenario())
 
