@@ -169,6 +169,8 @@ class CacheService:
                 self.warm.done += 1
 
     async def _warm_one(self, phrase: Phrase) -> None:
+        from .cache import SynthesisCancelled  # loaded with the cache already
+
         assert self.cache is not None
         if len(phrase.text) > self.max_text_chars:
             raise TextTooLong(f"phrase of {len(phrase.text)} characters, over the limit of {self.max_text_chars}")
@@ -208,11 +210,12 @@ class CacheService:
                     else:
                         self.warm.empty += 1
                 return
-            except (Busy, StageTimeout):
+            except (Busy, StageTimeout, SynthesisCancelled):
                 if stream.status != "joined":
                     raise
                 # It joined a live request's synthesis of the same phrase, and that request was
-                # refused (the box is full): a warm-up waits its turn, so it asks again.
+                # refused (the box is full) or left: a warm-up waits its turn, so it asks again
+                # (then with a synthesis of its own, in the background).
                 await asyncio.sleep(WARM_JOIN_RETRY_S)
         raise Busy(f"the phrase was refused {WARM_JOIN_ATTEMPTS} times in live requests' syntheses")
 

@@ -11,6 +11,7 @@ import socket
 import struct
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -247,6 +248,27 @@ def test_a_warm_up_phrase_too_long_to_cache_is_given_up_not_counted_as_warmed(tm
         warm = wait_for(lambda: (w := daemon.status()["cache"]["warm"])["done"] == 1 and w, timeout=30)
         assert (warm["synthesized"], warm["failed"]) == (0, 1)
         assert "will not be stored" in daemon.log_text()
+
+
+def test_a_warm_up_does_not_keep_a_live_synthesis_going_once_its_listener_left(
+        tmp_path: Path, bundle_dir: Path) -> None:
+    # The warm-up joined a live request's synthesis of the same text; when that client hung up,
+    # the synthesis went on for the warm-up alone, in the live request's slot and with its
+    # priority: a new live request waited for all of it (or got 503 after the queue timeout).
+    config = "[pipeline]\nmax_active = 1\n"
+    with Daemon(tmp_path / "d", config) as daemon:
+        with daemon.connect() as first:
+            first.sendall(post_raw({"text": LONG_TEXT, "format": "pcm"}))
+            status, _ = read_head(first)
+            assert status == 200
+            assert daemon.request("POST", "/v1/cache/warm", {"phrases": [LONG_TEXT]}).status == 202
+            wait_for(lambda: daemon.status()["cache"]["in_flight"] == 1)  # joined: one synthesis
+        started = time.monotonic()
+        reply = daemon.request("POST", "/v1/synthesize", {"text": "Hello.", "format": "pcm"})
+        assert reply.status == 200 and time.monotonic() - started < 2.0
+        # The warm-up asks again, with a synthesis of its own in the background.
+        warm = wait_for(lambda: (w := daemon.status()["cache"]["warm"])["done"] == 1 and w, timeout=60)
+        assert warm["synthesized"] == 1
 
 
 def test_a_phrase_warmed_twice_does_not_cut_a_live_listener(tmp_path: Path, bundle_dir: Path) -> None:

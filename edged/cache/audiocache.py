@@ -153,7 +153,8 @@ class AudioCache:
         """Audio for `key`: from memory or disk ("hit"), from a synthesis already under way for the
         same key ("joined"), or from `producer()` ("miss"), streamed as it is produced. A miss is
         stored only if the producer ends without error and without every reader leaving.
-        `counted=False` (warm-up) leaves the hit, miss and join counts to requests.
+        `counted=False` (warm-up) leaves the hit, miss and join counts to requests, and reads as a
+        background stream: a live synthesis it joined stops when its live readers have all left.
 
         The caller must close the returned stream (`async with stream:`)."""
         if self._closed:
@@ -175,14 +176,14 @@ class AudioCache:
             key.voice, key.version, flight.tag)
         if creator:
             flight = Flight(self.settings.max_entry_bytes, self._abandon,
-                            self._generations.snapshot(key.voice, key.version, tag), tag, self._held)
+                            self._generations.snapshot(key.voice, key.version, tag), tag, self._held, live=counted)
             self._flights[digest] = flight
-            stream = flight.join()
+            stream = flight.join(background=not counted)
             flight.task = asyncio.get_running_loop().create_task(
                 self._fill(flight, key, producer, sample_rate, tag, counted))
         else:
             assert flight is not None
-            stream = flight.join()
+            stream = flight.join(background=not counted)
         try:
             status = await asyncio.shield(flight.status)
         except BaseException:

@@ -47,8 +47,11 @@ class Held:
 class Flight:
     def __init__(self, max_bytes: int, on_abandon: Callable[[Flight], None],
                  generations: tuple[int, int, int, int] = (0, 0, 0, 0), tag: str | None = None,
-                 held: Held | None = None) -> None:
+                 held: Held | None = None, live: bool = True) -> None:
         self.max_bytes = max_bytes
+        self.live = live
+        """Made for a live request: abandoned once only background streams (warm-up) read it,
+        which would otherwise keep a live synthesis's priority and slot for work nobody waits for."""
         self.held = held
         """Where this flight's buffered bytes are counted (None: a hit, over audio the cache holds)."""
         self.generations = generations
@@ -67,6 +70,8 @@ class Flight:
         self.status: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self.task: asyncio.Task[None] | None = None
         self._positions: dict[int, int] = {}
+        self._background: set[int] = set()
+        """Tokens of the background streams among `_positions`."""
         self._on_abandon = on_abandon
         self._more = asyncio.Event()
         self._room = asyncio.Event()
@@ -133,15 +138,18 @@ class Flight:
     def joinable(self) -> bool:
         return self.cacheable and not self.done
 
-    def join(self, status: Status | None = None) -> AudioStream:
+    def join(self, status: Status | None = None, background: bool = False) -> AudioStream:
         token = next(_tokens)
         self._positions[token] = self.base
+        if background:
+            self._background.add(token)
         return AudioStream(self, token, status)
 
     def leave(self, token: int) -> None:
         if self._positions.pop(token, None) is None:
             return
-        if not self._positions and not self.done:
+        self._background.discard(token)
+        if not self.done and (not self._positions or (self.live and self._positions.keys() <= self._background)):
             self._on_abandon(self)
         elif not self.cacheable or self.done:
             self._trim()
