@@ -233,7 +233,7 @@ class CacheService:
 def _key(request: SynthesisRequest) -> CacheKey:
     from .cache import CacheKey
 
-    # The request's text is normalized already (VoiceInfo.request): not again over 100k characters.
+    # The request's text is the key's already (VoiceInfo.request).
     return CacheKey(request.text, request.voice_id, request.voice_version, float(request.speed), CACHED_FORMAT,
                     request.precision, request.bundle_digest)
 

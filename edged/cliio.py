@@ -69,9 +69,12 @@ def read_text(arg: str) -> str:
     if sys.stdin is None:
         raise InputError("standard input is closed")
     try:
-        return sys.stdin.buffer.read().decode("utf-8")
+        text = sys.stdin.buffer.read().decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputError(f"stdin is not valid UTF-8 (byte {exc.start})") from None
+    # The newline that ends a piped line (`echo ... |`) is not part of the text, as for $(...)
+    # and Piper's own command line: with it, the text would miss the cache entry of its words.
+    return text.removesuffix("\n").removesuffix("\r")
 
 
 class AudioOutput:

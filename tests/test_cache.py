@@ -499,6 +499,28 @@ def test_a_synthesis_to_be_cached_waits_for_its_listener_and_is_stored_whole(tmp
     run(scenario())
 
 
+def test_a_warm_up_reading_a_live_synthesis_does_not_let_it_run_ahead_of_its_listener(tmp_path: Path) -> None:
+    # Paced by its fastest reader, a live synthesis joined by a warm-up (which reads at once) never
+    # waited for its slow listener, so it never lent its slot out.
+    from edged.cache.flight import HIGH_WATER
+
+    async def scenario() -> None:
+        cache = await AudioCache.open(settings(tmp_path))
+        producer = Producer(chunks=40, size=100_000)
+        listener = await cache.stream(KEY, producer, sample_rate=RATE)
+        warm_up = await cache.stream(KEY, producer, sample_rate=RATE, counted=False)
+        assert warm_up.status == "joined"
+        reading = asyncio.create_task(warm_up.read_all())
+        await asyncio.sleep(0.3)
+        assert producer.produced * 100_000 <= HIGH_WATER + 100_000 and not producer.finished
+        assert await listener.read_all() == producer.whole == await reading
+        await listener.aclose()
+        await warm_up.aclose()
+        await cache.close()
+
+    run(scenario())
+
+
 def test_a_disk_hit_the_memory_tier_does_not_keep_counts_as_held(tmp_path: Path) -> None:
     producer = Producer(chunks=10, size=100_000)
     stored_before_a_restart(tmp_path, producer)

@@ -199,3 +199,13 @@ def test_a_stop_signal_leaves_no_partial_file(tmp_path: Path, bundle_dir: Path, 
     _, stderr = run.communicate(timeout=60)
     assert run.returncode == 128 + signum and b"Traceback" not in stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_newline_that_ends_piped_text_is_not_part_of_it() -> None:
+    # `echo "Your timer is done." | edgectl synth -` sent "...done.\n", which missed the cache
+    # entry of the same words (a warm file's line, or the text given as an argument).
+    for piped, text in ((b"Your timer is done.\n", "Your timer is done."), (b"Two lines.\r\n", "Two lines."),
+                        (b"Kept.\n\n", "Kept.\n")):
+        result = subprocess.run([sys.executable, "-c", "from edged.cliio import read_text; print(repr(read_text('-')))"],
+                                input=piped, capture_output=True, timeout=60, check=True)
+        assert result.stdout.decode().strip() == repr(text)

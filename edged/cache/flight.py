@@ -119,7 +119,10 @@ class Flight:
     def _ahead(self) -> int:
         if not self.cacheable:
             return self.buffered
-        fastest = max(self._positions.values()) - self.base
+        # A live synthesis goes at its live listeners' pace: a warm-up reading it at once must
+        # not keep it from waiting (and lending its slot out) for a slow one.
+        live = [p for t, p in self._positions.items() if t not in self._background] if self.live else []
+        fastest = max(live or self._positions.values()) - self.base
         return sum(len(c) for c in self.chunks[fastest:])
 
     def _water(self) -> int:
