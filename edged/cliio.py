@@ -72,9 +72,9 @@ def read_text(arg: str) -> str:
         text = sys.stdin.buffer.read().decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputError(f"stdin is not valid UTF-8 (byte {exc.start})") from None
-    # The newline that ends a piped line (`echo ... |`) is not part of the text, as for $(...)
-    # and Piper's own command line: with it, the text would miss the cache entry of its words.
-    return text.removesuffix("\n").removesuffix("\r")
+    # The one line ending of piped text (`echo ... |`) is not part of it, as for Piper's own
+    # command line: with it, the text would miss the cache entry of its words.
+    return text[:-2] if text.endswith("\r\n") else text.removesuffix("\n")
 
 
 class AudioOutput:

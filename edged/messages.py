@@ -249,6 +249,7 @@ def parse_phrase_lines(text: str) -> list[Phrase]:
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         voice, tab, rest = line.partition("\t")
-        phrases.append(Phrase(rest.strip(), voice.strip() or None, number) if tab
-                       else Phrase(line.strip(), line=number))
+        # Spaces and tabs around a phrase are layout; other whitespace (a no-break space) is text.
+        phrases.append(Phrase(rest.strip(" \t"), voice.strip() or None, number) if tab
+                       else Phrase(line.strip(" \t"), line=number))
     return phrases

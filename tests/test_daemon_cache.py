@@ -264,7 +264,9 @@ def test_a_warm_up_does_not_keep_a_live_synthesis_going_once_its_listener_left(
             status, _ = read_head(first)
             assert status == 200
             assert daemon.request("POST", "/v1/cache/warm", {"phrases": [LONG_TEXT]}).status == 202
-            time.sleep(0.3)  # the warm-up joins the synthesis under way
+            # The warm-up joins the synthesis under way if it comes in time (tests/test_cache.py
+            # checks the joined case itself); either way the slot must not stay taken.
+            time.sleep(0.3)
         reply = daemon.request("POST", "/v1/synthesize", {"text": "Hello.", "format": "pcm"})
         assert reply.status == 200
         # The warm-up asks again, with a synthesis of its own in the background.

@@ -35,7 +35,7 @@ def chunks_of(audio: bytes, size: int) -> list[Chunk]:
 class Held:
     """Audio that flights hold for their streams, all flights together, against a limit. Caching
     a synthesis means holding all its audio until it is whole and stored (its producer runs up to
-    HIGH_WATER ahead of its fastest stream); past the limit, a flight being produced is no longer
+    HIGH_WATER ahead of its fastest stream, of its fastest live one for a live synthesis); past the limit, a flight being produced is no longer
     cached, keeps only what its slowest stream has not read, and runs at most OVER_BUDGET_WATER
     ahead of it. Slow listeners cannot fill memory."""
 
@@ -109,8 +109,9 @@ class Flight:
         self._wake()
 
     async def room(self) -> None:
-        """Wait while the audio runs too far ahead of its listeners: of the fastest, for a flight
-        to be stored (it keeps every chunk anyway, and no listener waits for a slower one); of the
+        """Wait while the audio runs too far ahead of its listeners: of the fastest (live one, for a
+        live synthesis), for a flight to be stored (it keeps every chunk anyway, and no listener
+        waits for a slower one); of the
         slowest, for one that will not be (what all have read is dropped, so memory stays bounded)."""
         while self._positions and self._ahead() > self._water():
             self._room.clear()
