@@ -61,13 +61,21 @@ def start_espeak() -> None:
 
 
 def text_blocks(text: str, block_chars: int = _BLOCK_CHARS) -> Iterator[str]:
-    """Cut text after a sentence end near every `block_chars` characters (at whitespace if none)."""
+    """Cut text after a sentence end near every `block_chars` characters (at whitespace if none).
+
+    A sentence end before a capital (or a letter of a script without case) is preferred: after
+    "approx. ", "a.m. " or "... " before a lower-case word, espeak-ng reads on in one sentence, and
+    a cut there would add a sentence break that Piper, phonemizing the whole text, does not make."""
     start = 0
     while len(text) - start > block_chars:
         window = text[start : start + block_chars]
-        cut = 0
+        cut = strong = 0
         for match in _SENTENCE_END.finditer(window):
             cut = match.end()
+            following = text[start + cut : start + cut + 1]
+            if following.isalpha() and not following.islower():
+                strong = cut
+        cut = strong or cut
         if cut == 0:  # after the last whitespace (a list may have newlines only), else anywhere
             cut = next((i + 1 for i in range(len(window) - 1, -1, -1) if window[i].isspace()), block_chars)
         yield text[start : start + cut]

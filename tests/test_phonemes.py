@@ -139,3 +139,16 @@ def test_text_blocks_without_sentence_ends_cut_at_spaces() -> None:
     listing = "strawberry\n" * 200  # lines only: once cut inside a word ("strawberr" + "y")
     blocks = list(text_blocks(listing, block_chars=333))
     assert "".join(blocks) == listing and all(b.endswith("\n") for b in blocks)
+
+
+@pytest.mark.parametrize("abbreviation", ["It costs approx. ten dollars.", "We leave at 9 a.m. tomorrow.",
+                                          "It was made in the U.S. in the fall.", "And so... we waited."])
+def test_a_long_text_is_not_cut_inside_a_sentence(piper_voice: PiperVoice, abbreviation: str) -> None:
+    # Long text goes to espeak-ng in blocks cut at a sentence end; a cut after an abbreviation
+    # before a lower-case word added a sentence break that Piper does not make.
+    filler = "The weather was fine all day. "
+    before = filler * ((1990 - abbreviation.index(". ")) // len(filler))
+    text = before + " " * (2000 - len(before) - abbreviation.index(". ") - 2) + abbreviation + " " + filler * 5
+    config = piper_voice.config
+    expected = [piper_voice.phonemes_to_ids(p) for p in piper_voice.phonemize(text) if p]
+    assert list(pieces_ids(text, config.espeak_voice, config.phoneme_id_map, PieceLimits(0, 0))) == expected
