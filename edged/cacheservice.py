@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import functools
 import itertools
 import logging
 import math
@@ -108,6 +109,7 @@ class CacheService:
         warming = self._warming.get(key.digest)
         if stream.status == "joined" and warming is not None:  # waits for the warm-up's audio
             self.pipeline.preemption.promote(warming)
+            stream.on_close(functools.partial(self.pipeline.preemption.demote, warming))
         return stream
 
     # -- administration ------------------------------------------------------------------------

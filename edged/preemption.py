@@ -7,7 +7,8 @@ again once the live syntheses are done. Waiting for a background window to finis
 requests a quarter of their time to first audio (tools.daemon_cache_bench --only warm_yield).
 
 A live request that comes to wait for a background synthesis's audio (the same phrase, joined in
-the cache) promotes it: from then on it runs as live work, neither waiting nor stopped.
+the cache) promotes it: it runs as live work, neither waiting nor stopped, until the last such
+request has left.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ class Background:
         """Set when a live request waits for this synthesis's audio."""
         self.run_options: ort.RunOptions | None = None
         """Of its onnxruntime run in flight, if that run may be stopped."""
+        self.live_listeners = 0
+        """Live requests waiting for its audio: it is promoted while there are any."""
 
 
 class Preemption:
@@ -59,12 +62,20 @@ class Preemption:
 
     def promote(self, background: Background) -> None:
         """From now on `background` runs as live work: at once, and its run in flight is not stopped."""
+        background.live_listeners += 1
         if background.promoted.is_set():
             return
         background.promoted.set()
         self.promoted += 1
         if background.run_options is not None:
             self._background_runs.discard(background.run_options)
+
+    def demote(self, background: Background) -> None:
+        """A live request that waited for `background`'s audio left: with none left, it is background
+        work again (from its next run on, it waits for live work and is stopped for it)."""
+        background.live_listeners -= 1
+        if background.live_listeners == 0:
+            background.promoted.clear()
 
     async def run(self, stage: Stage, fn: Callable[..., T], *args: object, background: Background) -> T:
         """`fn(*args, run_options)` in `stage` while no live synthesis is about, as often as it is

@@ -122,3 +122,32 @@ def test_a_promoted_background_synthesis_runs_while_live_ones_do(voice: Voice) -
         pipeline.close()
 
     asyncio.run(scenario())
+
+
+def test_a_background_synthesis_whose_live_listener_left_waits_again(voice: Voice) -> None:
+    # Promoted for a live request that joined it, it stayed promoted after that request left:
+    # it kept running beside live work, unstoppable, for nobody waiting.
+    async def scenario() -> None:
+        pipeline, live = await slot_held(voice, queue_size=0, text=LONG)
+        background = Background()
+        chunks: list[bytes] = []
+
+        async def run_background() -> None:
+            async for chunk in pipeline.synthesize_stream(request_for(voice, LONG), background):
+                chunks.append(chunk)
+
+        task = asyncio.create_task(run_background())
+        pipeline.preemption.promote(background)  # a live request joins...
+        while len(chunks) < 2:
+            await asyncio.sleep(0.01)
+        pipeline.preemption.demote(background)  # ...and leaves
+        await asyncio.sleep(0.2)  # the window in flight may finish
+        made = len(chunks)
+        await asyncio.sleep(0.5)
+        assert len(chunks) == made and not task.done()  # it waits for the live synthesis again
+        await live.aclose()
+        await asyncio.wait_for(task, 60)  # and goes on once that has ended
+        assert len(chunks) > made
+        pipeline.close()
+
+    asyncio.run(scenario())

@@ -200,6 +200,7 @@ class AudioStream(AsyncIterator[Chunk]):
         self._flight: Flight | None = flight
         self._token = token
         self.status: Status | None = status
+        self._on_close: list[Callable[[], None]] = []
         loop = asyncio.get_running_loop()
         self._finalizer = weakref.finalize(self, _leave_later, loop, flight, token)
 
@@ -242,11 +243,17 @@ class AudioStream(AsyncIterator[Chunk]):
     async def __aexit__(self, *exc: object) -> None:
         self._leave()
 
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Call `callback` when the stream is closed."""
+        self._on_close.append(callback)
+
     def _leave(self) -> None:
         flight, self._flight = self._flight, None
         if flight is not None:
             self._finalizer.detach()
             flight.leave(self._token)
+            for callback in self._on_close:
+                callback()
 
 
 def _leave_later(loop: asyncio.AbstractEventLoop, flight: Flight, token: int) -> None:
