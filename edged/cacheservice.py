@@ -107,7 +107,9 @@ class CacheService:
         stream = await self.cache.stream(key, lambda: self.pipeline.synthesize_stream(request),
                                          sample_rate=request.sample_rate, tag=tag)
         warming = self._warming.get(key.digest)
-        if stream.status == "joined" and warming is not None:  # waits for the warm-up's audio
+        # Joined a warm-up's synthesis (not a live one made after it, under the same key): it waits
+        # for the warm-up's audio.
+        if stream.status == "joined" and warming is not None and not stream.live:
             self.pipeline.preemption.promote(warming)
             stream.on_close(functools.partial(self.pipeline.preemption.demote, warming))
         return stream

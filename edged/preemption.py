@@ -35,6 +35,7 @@ class Background:
         """Of its onnxruntime run in flight, if that run may be stopped."""
         self.live_listeners = 0
         """Live requests waiting for its audio: it is promoted while there are any."""
+        self.ever_promoted = False
 
 
 class Preemption:
@@ -44,7 +45,7 @@ class Preemption:
         self.preempted = 0
         """Background runs stopped for a live request (each is made again later)."""
         self.promoted = 0
-        """Background syntheses made live because a live request waited for their audio."""
+        """Background syntheses made live because a live request waited for their audio (each once)."""
         self._idle = asyncio.Event()
         self._idle.set()
         self._background_runs: set[ort.RunOptions] = set()
@@ -66,16 +67,20 @@ class Preemption:
         if background.promoted.is_set():
             return
         background.promoted.set()
-        self.promoted += 1
+        self.promoted += not background.ever_promoted
+        background.ever_promoted = True
         if background.run_options is not None:
             self._background_runs.discard(background.run_options)
 
     def demote(self, background: Background) -> None:
         """A live request that waited for `background`'s audio left: with none left, it is background
-        work again (from its next run on, it waits for live work and is stopped for it)."""
+        work again: its run in flight is stopped if live work is about, and it waits for live work."""
         background.live_listeners -= 1
         if background.live_listeners == 0:
             background.promoted.clear()
+            if background.run_options is not None:
+                self._background_runs.add(background.run_options)
+                background.run_options.terminate = self._live > 0
 
     async def run(self, stage: Stage, fn: Callable[..., T], *args: object, background: Background) -> T:
         """`fn(*args, run_options)` in `stage` while no live synthesis is about, as often as it is
@@ -87,8 +92,8 @@ class Preemption:
             if not background.promoted.is_set() and not self._idle.is_set():
                 await _first_of(self._idle, background.promoted)
             run_options = ort.RunOptions()
+            background.run_options = run_options  # (demote may make it stoppable)
             if not background.promoted.is_set():
-                background.run_options = run_options
                 self._background_runs.add(run_options)
             try:
                 return await stage.run(fn, *args, run_options)

@@ -140,8 +140,8 @@ def test_a_background_synthesis_whose_live_listener_left_waits_again(voice: Voic
         pipeline.preemption.promote(background)  # a live request joins...
         while len(chunks) < 2:
             await asyncio.sleep(0.01)
-        pipeline.preemption.demote(background)  # ...and leaves
-        await asyncio.sleep(0.2)  # the window in flight may finish
+        pipeline.preemption.demote(background)  # ...and leaves: its run in flight is stopped
+        await asyncio.sleep(0.05)  # a window finished just before may still be handed over
         made = len(chunks)
         await asyncio.sleep(0.5)
         assert len(chunks) == made and not task.done()  # it waits for the live synthesis again

@@ -202,7 +202,7 @@ class AudioStream(AsyncIterator[Chunk]):
         self.status: Status | None = status
         self._on_close: list[Callable[[], None]] = []
         loop = asyncio.get_running_loop()
-        self._finalizer = weakref.finalize(self, _leave_later, loop, flight, token)
+        self._finalizer = weakref.finalize(self, _leave_later, loop, flight, token, self._on_close)
 
     def __aiter__(self) -> Self:
         return self
@@ -244,21 +244,34 @@ class AudioStream(AsyncIterator[Chunk]):
         self._leave()
 
     def on_close(self, callback: Callable[[], None]) -> None:
-        """Call `callback` when the stream is closed."""
-        self._on_close.append(callback)
+        """Call `callback` when the stream is closed (also if it is only garbage-collected)."""
+        if self._flight is None:
+            callback()
+        else:
+            self._on_close.append(callback)
+
+    @property
+    def live(self) -> bool:
+        """Whether the synthesis it reads was made for a live request (not a warm-up's)."""
+        return self._flight is not None and self._flight.live
 
     def _leave(self) -> None:
         flight, self._flight = self._flight, None
         if flight is not None:
             self._finalizer.detach()
-            flight.leave(self._token)
-            for callback in self._on_close:
-                callback()
+            _leave(flight, self._token, self._on_close)
 
 
-def _leave_later(loop: asyncio.AbstractEventLoop, flight: Flight, token: int) -> None:
+def _leave_later(loop: asyncio.AbstractEventLoop, flight: Flight, token: int,
+                 on_close: list[Callable[[], None]]) -> None:
     # Garbage collection may run on any thread: hand the departure to the loop.
     try:
-        loop.call_soon_threadsafe(flight.leave, token)
+        loop.call_soon_threadsafe(_leave, flight, token, on_close)
     except RuntimeError:  # loop closed: nothing left to cancel
         pass
+
+
+def _leave(flight: Flight, token: int, on_close: list[Callable[[], None]]) -> None:
+    flight.leave(token)
+    for callback in on_close:
+        callback()
