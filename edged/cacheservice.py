@@ -1,8 +1,8 @@
 """The audio cache in the daemon: the request path through it, invalidation, and warm-up.
 
 A hit needs no model: the key is built from the voice's manifest (id, version, precision and the
-digest of its files, read without loading its graphs), and the producer - the synthesis pipeline - runs only on a miss. So after a
-restart, cached phrases are served while voices are still loading.
+digest of its files, read without loading its graphs), and the producer - the synthesis pipeline -
+runs only on a miss. So after a restart, cached phrases are served while voices are still loading.
 
 Warm-up yields to live requests: one phrase at a time, synthesized in the background (see
 edged.preemption: it runs only while no live synthesis is about, and stops at once for one).
@@ -17,8 +17,6 @@ import functools
 import itertools
 import logging
 import math
-import os
-import stat
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from .config import CacheConfig
 from .errors import Busy, StageTimeout, TextTooLong
+from .files import read_regular_file
 from .messages import Phrase, parse_phrase_lines
 from .pipeline import Pipeline, SynthesisRequest
 from .preemption import Background
@@ -147,7 +146,7 @@ class CacheService:
 
     def warm_from_file(self, path: Path) -> None:
         try:
-            phrases = parse_phrase_lines(_read_regular_file(path, MAX_WARM_FILE_BYTES).decode("utf-8"))
+            phrases = parse_phrase_lines(read_regular_file(path, MAX_WARM_FILE_BYTES).decode("utf-8"))
         except (OSError, ValueError) as exc:  # ValueError: not UTF-8, or a NUL in the path
             log.error("cannot read warm_file %s: %s", path, exc)
             return
@@ -241,15 +240,3 @@ def _key(request: SynthesisRequest) -> CacheKey:
     return CacheKey(request.text, request.voice_id, request.voice_version, float(request.speed), CACHED_FORMAT,
                     request.precision, request.bundle_digest)
 
-
-def _read_regular_file(path: Path, max_bytes: int) -> bytes:
-    """A regular file's bytes; OSError for anything else (a FIFO would block start-up for good,
-    /dev/zero would fill memory) or a file over `max_bytes`."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as file:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(f"{path} is not a regular file")
-        if info.st_size > max_bytes:
-            raise OSError(f"{path} is over {max_bytes} bytes")
-        return file.read(max_bytes + 1)

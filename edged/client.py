@@ -36,7 +36,7 @@ from .cliio import (
     read_text,
 )
 from .config import default_socket_path
-from .messages import CONTENT_TYPES, MAX_WARM_PHRASES, parse_phrase_lines
+from .messages import CONTENT_TYPES, MAX_WARM_PHRASES, Phrase, parse_phrase_lines
 
 CHUNK = 64 * 1024
 WARM_POLL_S = 0.25
@@ -246,19 +246,25 @@ def _cache_warm(args: argparse.Namespace) -> int:
     if not phrases:
         print("edgectl: no phrases to warm", file=sys.stderr)
         return 2
-    lines = [p.line for p in phrases]  # errors name a file's line, not an index in a batch
-    entries = [{"text": p.text, **({"voice": p.voice} if p.voice else {})} for p in phrases]
     pid = get_json(args.socket, "/v1/status")["pid"]
+    start, failed_before, target = _queue_phrases(args.socket, args.file, phrases)
+    return _follow_warm_up(args.socket, pid, start, failed_before, target, len(phrases))
+
+
+def _queue_phrases(path: Path, file: Path, phrases: list[Phrase]) -> tuple[int, int, int]:
+    """Send the phrases in batches; the daemon's warm-up figures before them (total, failed) and
+    the total that means they are all done."""
+    entries = [{"text": p.text, **({"voice": p.voice} if p.voice else {})} for p in phrases]
     start = failed_before = target = None
     sent = 0
     for batch in _warm_batches(entries):
         try:
-            answer = _queue_warm(args.socket, batch)
-        except DaemonError as exc:
+            answer = _queue_warm(path, batch)
+        except DaemonError as exc:  # errors name a file's line, not an index in a batch
             where = re.match(r"phrase (\d+): ", exc.message)
             message = exc.message
-            if where and sent + int(where[1]) < len(lines):
-                message = f"{args.file} line {lines[sent + int(where[1])]}: {message[where.end():]}"
+            if where and sent + int(where[1]) < len(phrases):
+                message = f"{file} line {phrases[sent + int(where[1])].line}: {message[where.end():]}"
             if sent:
                 message += f"; the {sent} phrases of the lines before were queued already"
             raise DaemonError(exc.status, exc.code, message) from None
@@ -267,10 +273,15 @@ def _cache_warm(args: argparse.Namespace) -> int:
             start, failed_before = answer["warm"]["total"] - answer["queued"], answer["warm"]["failed"]
         target = answer["warm"]["total"]
     assert start is not None and target is not None and failed_before is not None
+    return start, failed_before, target
+
+
+def _follow_warm_up(path: Path, pid: int, start: int, failed_before: int, target: int, phrases: int) -> int:
+    """Show progress until the daemon has done `target` phrases; 1 if any of ours failed."""
     tty, unreachable_since = sys.stderr.isatty(), None
     while True:
         try:
-            status = get_json(args.socket, "/v1/status")
+            status = get_json(path, "/v1/status")
             unreachable_since = None
         except DaemonUnreachable as exc:  # stopping: a restarted daemon is told by its pid, give it time
             unreachable_since = unreachable_since or time.monotonic()
@@ -283,9 +294,9 @@ def _cache_warm(args: argparse.Namespace) -> int:
             print("\n" * tty + "edgectl: the daemon restarted; the warm-up was lost", file=sys.stderr)
             return 1
         warm = status["cache"]["warm"]
-        done, failed = min(max(warm["done"] - start, 0), len(entries)), warm["failed"] - failed_before
+        done, failed = min(max(warm["done"] - start, 0), phrases), warm["failed"] - failed_before
         if tty or warm["done"] >= target:
-            print(f"\rwarming {done}/{len(entries)} phrases, {failed} failed", end="", file=sys.stderr, flush=True)
+            print(f"\rwarming {done}/{phrases} phrases, {failed} failed", end="", file=sys.stderr, flush=True)
         if warm["done"] >= target:
             print(file=sys.stderr)
             return 1 if failed else 0

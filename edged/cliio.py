@@ -3,9 +3,9 @@ with `-o`, or standard output). Shared by `edged synth` and `edgectl synth`; sta
 only, as edgectl starts fast.
 
 A regular file (or a new one) is written beside its target, as a new file of its own, and renamed
-over it at the end, so a failure (or SIGTERM, SIGHUP, Ctrl-C) leaves no half-written file. A device, a FIFO, or a symlink to one of them (`-o /dev/null`,
-`-o /dev/stdout`) is written in place: renaming over it would replace the device itself. Symlinks
-are followed, never replaced.
+over it at the end, so a failure (or SIGTERM, SIGHUP, Ctrl-C) leaves no half-written file. A
+device, a FIFO, or a symlink to one of them (`-o /dev/null`, `-o /dev/stdout`) is written in place:
+renaming over it would replace the device itself. Symlinks are followed, never replaced.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class AudioOutput:
         except BrokenPipeError:
             raise
         except OSError as exc:
-            raise OutputError(f"cannot write {self.name}: {exc.strerror or exc}") from None
+            raise _cannot_write(self.name, exc) from None
         self.written += len(data)
 
     def finish_wav(self) -> None:
@@ -135,7 +135,7 @@ def open_output(path: Path | None) -> Iterator[AudioOutput]:
         try:
             file = open(path, "ab")  # noqa: SIM115 (closed by _closing)
         except OSError as exc:
-            raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+            raise _cannot_write(path, exc) from None
         with _closing(file, path):
             yield AudioOutput(file, str(path), own_file=False)
         return
@@ -146,14 +146,14 @@ def open_output(path: Path | None) -> Iterator[AudioOutput]:
     try:
         fd, part = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
     except OSError as exc:
-        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+        raise _cannot_write(path, exc) from None
     try:
         file = os.fdopen(fd, "wb")
         try:
             os.fchmod(fd, _mode_for(target))
         except OSError as exc:
             file.close()
-            raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+            raise _cannot_write(path, exc) from None
         with _closing(file, path):
             yield AudioOutput(file, str(path), own_file=True)
         os.replace(part, target)
@@ -175,7 +175,11 @@ def _closing(file: BinaryIO, path: Path) -> Iterator[None]:
     try:
         file.close()
     except OSError as exc:
-        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+        raise _cannot_write(path, exc) from None
+
+
+def _cannot_write(path: Path | str, exc: OSError) -> OutputError:
+    return OutputError(f"cannot write {path}: {exc.strerror or exc}")
 
 
 def _mode_for(target: Path) -> int:

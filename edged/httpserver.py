@@ -124,12 +124,16 @@ class EdgedProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm_header_timer()
         self._reading_headers = False
-        self._earlier = [c for c in [*self._earlier, self.cycle] if c is not None and not c.response_complete]
+        self._earlier = self._running_cycles()
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._reading_headers, self._header_bytes, self._tail = True, 0, b""
+
+    def _running_cycles(self) -> list[Any]:
+        """Cycles whose response is still being sent: earlier pipelined ones, and the current one."""
+        return [c for c in [*self._earlier, self.cycle] if c is not None and not c.response_complete]
 
     def _unsupported_upgrade_warning(self) -> None:
         """Silent: a request asking for a WebSocket is answered as plain HTTP, and uvicorn's two
@@ -176,7 +180,7 @@ class EdgedProtocol(HttpToolsProtocol):
 
     def _headers_too_slow(self) -> None:
         self._header_timer = None
-        if any(c is not None and not c.response_complete for c in [*self._earlier, self.cycle]):
+        if self._running_cycles():
             # A pipelined request's headers wait behind a response still being sent (uvicorn
             # stops reading meanwhile): their time starts again once it is done.
             self._arm_header_timer()

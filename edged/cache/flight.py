@@ -35,9 +35,9 @@ def chunks_of(audio: bytes, size: int) -> list[Chunk]:
 class Held:
     """Audio that flights hold for their streams, all flights together, against a limit. Caching
     a synthesis means holding all its audio until it is whole and stored (its producer runs up to
-    HIGH_WATER ahead of its fastest stream, of its fastest live one for a live synthesis); past the limit, a flight being produced is no longer
-    cached, keeps only what its slowest stream has not read, and runs at most OVER_BUDGET_WATER
-    ahead of it. Slow listeners cannot fill memory."""
+    HIGH_WATER ahead of its fastest stream, its fastest live one for a live synthesis). Past the
+    limit, a flight being produced is no longer cached, keeps only what its slowest stream has not
+    read, and runs at most OVER_BUDGET_WATER ahead of it. Slow listeners cannot fill memory."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -111,8 +111,8 @@ class Flight:
     async def room(self) -> None:
         """Wait while the audio runs too far ahead of its listeners: of the fastest (live one, for a
         live synthesis), for a flight to be stored (it keeps every chunk anyway, and no listener
-        waits for a slower one); of the
-        slowest, for one that will not be (what all have read is dropped, so memory stays bounded)."""
+        waits for a slower one); of the slowest, for one that will not be (what all have read is
+        dropped, so memory stays bounded)."""
         while self._positions and self._ahead() > self._water():
             self._room.clear()
             await self._room.wait()

@@ -10,12 +10,13 @@ import errno
 import os
 import re
 import sqlite3
-import stat
 import threading
 from typing import Any
 
 import diskcache  # type: ignore[import-untyped]  # no type hints in 5.6.3
 from diskcache.core import MODE_BINARY, MODE_RAW, UNKNOWN  # type: ignore[import-untyped]
+
+from ..files import NotARegularFile, read_regular_file
 
 _VALUE_FILE = re.compile(r"[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]{28}\.val")
 DEFAULT_MAX_VALUE_BYTES = 64 * 1024 * 1024
@@ -67,18 +68,14 @@ class RawDisk(diskcache.Disk):
         """The file's bytes if it is a regular file of at most `max_value_bytes`: a FIFO put in its
         place would block the reader for good, a huge file would fill memory."""
         try:
-            fd = os.open(os.path.join(self._directory, filename),
-                         os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+            return read_regular_file(os.path.join(self._directory, filename), self.max_value_bytes,
+                                     follow_symlinks=False)
+        except NotARegularFile as exc:
+            raise UnreadableRow(f"value file {exc}") from None
         except OSError as exc:
             if exc.errno == errno.ELOOP:  # a symlink: not a file this cache wrote
                 raise UnreadableRow(f"value file {filename} is a symlink") from None
             raise  # gone (deleted meanwhile): diskcache reads that as a miss
-        with os.fdopen(fd, "rb") as file:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode) or info.st_size > self.max_value_bytes:
-                raise UnreadableRow(f"value file {filename} is not a regular file of at most "
-                                    f"{self.max_value_bytes} bytes")
-            return file.read(self.max_value_bytes + 1)
 
     def saved(self) -> None:
         """The last stored value's row is committed: its file is no longer ours to remove."""
