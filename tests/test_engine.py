@@ -110,7 +110,8 @@ def test_long_text_is_phonemized_lazily(voice: Voice, monkeypatch: pytest.Monkey
     stream = voice.synthesize(text)
     first = next(stream)
     stream.close()
-    assert first and len(blocks) == 1 and blocks[0] <= 2000
+    # One block, and the readings that confirmed where it ends: not the whole text.
+    assert first and max(blocks) <= 2000 and sum(blocks) <= 4000
 
 
 def test_unknown_voice_is_a_clear_error(tmp_path: Path) -> None:

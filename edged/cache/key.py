@@ -17,7 +17,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-KEY_SCHEMA = "edged-cache/4"
+KEY_SCHEMA = "edged-cache/5"
 """Part of every digest: bump it when the key or the synthesis output changes meaning."""
 
 
