@@ -160,6 +160,31 @@ def test_a_request_for_a_phrase_being_warmed_does_not_wait_behind_live_work(cach
         stalled.close()
 
 
+def test_a_warm_up_is_background_work_again_once_the_live_request_that_joined_it_left(
+        tmp_path: Path, bundle_dir: Path) -> None:
+    # Promoted for the live request that joined it, it must yield to live work again when that
+    # request leaves: the next live request stops its run in flight (background_preempted).
+    with Daemon(tmp_path / "d") as daemon:
+        assert daemon.request("POST", "/v1/cache/warm", {"phrases": [LONG_TEXT]}).status == 202
+        wait_for(lambda: daemon.status()["cache"]["in_flight"] == 1)
+        with daemon.connect() as joined:
+            joined.sendall(post_raw({"text": LONG_TEXT, "format": "pcm"}))
+            assert read_head(joined)[0] == 200
+            assert daemon.status()["synthesis"]["background_promoted"] == 1  # it joined the warm-up
+        wait_for(lambda: daemon.status()["admission"]["active"] == 0)  # the hang-up was seen
+        stopped = daemon.status()["synthesis"]["background_preempted"]
+        # A live request stops the warm-up's run if one is in flight as it comes (not between two).
+        for attempt in range(5):
+            _synth(daemon, f"Live request number {attempt + 1} after the listener left.")
+            if daemon.status()["synthesis"]["background_preempted"] > stopped:
+                break
+        else:
+            pytest.fail("the warm-up was never stopped for live requests: it stayed promoted")
+        assert daemon.status()["cache"]["warm"]["done"] == 0  # still under way
+        warm = wait_for(lambda: (w := daemon.status()["cache"]["warm"])["done"] == 1 and w, timeout=60)
+        assert warm["synthesized"] == 1
+
+
 def test_a_warm_up_that_joined_a_refused_live_request_waits_its_turn(tmp_path: Path, bundle_dir: Path) -> None:
     config = "[pipeline]\nmax_active = 1\nqueue_timeout_s = 0.5\n"
     with Daemon(tmp_path / "d", config) as daemon:
@@ -300,13 +325,21 @@ def test_a_warm_file_that_is_no_regular_file_is_refused_at_start(tmp_path: Path,
         assert "not a regular file" in daemon.log_text()
 
 
-def test_a_warm_file_longer_than_the_queue_is_cut_not_fatal(tmp_path: Path, bundle_dir: Path) -> None:
-    from edged.cacheservice import MAX_WARM_QUEUE
+@pytest.mark.parametrize("bound", ["phrases", "characters"])
+def test_a_warm_file_longer_than_the_queue_is_cut_not_fatal(tmp_path: Path, bundle_dir: Path, bound: str) -> None:
+    from edged.cacheservice import MAX_WARM_CHARS, MAX_WARM_QUEUE
 
+    if bound == "phrases":
+        lines, fit = [f"Phrase {i}." for i in range(MAX_WARM_QUEUE + 1)], MAX_WARM_QUEUE
+    else:  # phrases as long as a request may be, more characters in all than the queue holds
+        line = ("Words and more words. " * 4545).strip()
+        fit = MAX_WARM_CHARS // len(line)
+        lines = [line] * (fit + 10)
     phrases = tmp_path / "phrases.txt"
-    phrases.write_text("".join(f"Phrase {i}.\n" for i in range(MAX_WARM_QUEUE + 1)), encoding="utf-8")
+    phrases.write_text("\n".join(lines) + "\n", encoding="utf-8")
     with Daemon(tmp_path / "d", f'[cache]\nwarm_file = "{phrases}"\n') as daemon:
-        assert daemon.status()["cache"]["warm"]["total"] == MAX_WARM_QUEUE
+        assert daemon.status()["cache"]["warm"]["total"] == fit
+        assert f"warming the first {fit}" in daemon.log_text()
 
 
 # -- administrative routes: only root or the admin group (SO_PEERCRED) ----------------------------
