@@ -1,7 +1,7 @@
 """Text -> sentences -> phoneme ids, exactly as Piper makes them (its espeak-ng bridge and id map).
 
-Long text is phonemized a block at a time, so the first sentence is ready at once and memory does
-not grow with the text. Long sentences are cut at clause boundaries into *pieces*, each run through
+Long text is phonemized a block at a time (edged.textblocks), so the first sentence is ready at
+once and memory does not grow with the text. Long sentences are cut at clause boundaries into *pieces*, each run through
 the front graph on its own: the VITS text encoder attends over its whole input, so its cost grows
 with input length and no exact streaming of it is possible; cutting at a comma is where a speaker
 would pause anyway. Sentences no longer than `first_piece_max` are never cut, which keeps their ids
@@ -18,16 +18,11 @@ from piper.phoneme_ids import phonemes_to_ids
 
 from .errors import BadInput
 from .espeak_worker import ESPEAK
+from .textblocks import text_blocks
 
-_BLOCK_CHARS = 2000
-"""Text is phonemized in blocks of about this many characters (espeak-ng: ~4 ms per 1,000)."""
-_MAX_CHECKS = 4
-"""Candidate cuts per block that espeak-ng is asked about (3 short readings, ~2 ms each); the
-first is confirmed almost always."""
 _CHECK_CHARS = 100
 """Text read on each side of a candidate cut: a few sentences. What decides a sentence end in
 espeak-ng lies within a few words of it."""
-_SENTENCE_END = re.compile(r"[.!?]['\")\]]*\s+")
 _CLAUSE_END = {",", ";", ":"}
 _DOTTED_LETTER = r"(?<![^\W_])([^\W_])[^\w.]*\.[\W_]*"
 """One letter (or digit) standing alone, a dot after it (spaces, soft hyphens... between them),
@@ -66,54 +61,19 @@ def start_espeak() -> None:
     ESPEAK.start()
 
 
-def text_blocks(
-    text: str, block_chars: int = _BLOCK_CHARS, ends_sentence: Callable[[str, int], bool] | None = None,
-) -> Iterator[str]:
-    """Cut text after a sentence end near every `block_chars` characters (at whitespace if none).
-
-    Piper phonemizes the whole text at once, so a cut where espeak-ng would read on in one sentence
-    ("approx. ten", "9 a.m. today", "... and then") adds a sentence break that Piper does not make.
-    `ends_sentence(text, i)` says whether espeak-ng ends a sentence at i; the likeliest sentence
-    ends are asked first (before a capital or a letter of a script without case, latest first), at
-    most _MAX_CHECKS of them. If none is confirmed, or no checker is given, the likeliest is taken.
-    """
-    start = 0
-    while len(text) - start > block_chars:
-        window = text[start : start + block_chars]
-        candidates = _likely_sentence_ends(text, start, window)
-        checked = candidates[:_MAX_CHECKS] if ends_sentence else []
-        cut = next((c for c in checked if ends_sentence(text, start + c)), 0) or (candidates or [0])[0]
-        if cut == 0:  # after the last whitespace (a list may have newlines only), else anywhere
-            cut = next((i + 1 for i in range(len(window) - 1, -1, -1) if window[i].isspace()), block_chars)
-        yield text[start : start + cut]
-        start += cut
-    if start < len(text):
-        yield text[start:]
-
-
-def _likely_sentence_ends(text: str, start: int, window: str) -> list[int]:
-    """Offsets in `window` just after a sentence end, likeliest first: those before a capital (or a
-    letter of a script without case) latest first, then the others latest first. After "approx. ",
-    "a.m. " or "... " before a lower-case word espeak-ng reads on."""
-    strong, weak = [], []
-    for match in _SENTENCE_END.finditer(window):
-        following = text[start + match.end() : start + match.end() + 1]
-        (strong if following.isalpha() and not following.islower() else weak).append(match.end())
-    return strong[::-1] + weak[::-1]
-
-
 def espeak_ends_sentence(espeak_voice: str) -> Callable[[str, int], bool]:
     """Whether espeak-ng ends a sentence at text[i], asked of espeak-ng itself: it reads the text
-    around i whole and cut at i, and the two must give the same sentences."""
+    around i whole and cut at i, and the two must give the same spoken sentences (cut after a
+    closing quote, espeak-ng adds an empty one)."""
 
     def ends_sentence(text: str, i: int) -> bool:
         before, after = text[max(0, i - _CHECK_CHARS) : i], text[i : i + _CHECK_CHARS]
         try:
-            whole = ESPEAK.phonemize(espeak_voice, _safe_for_espeak(before + after))
-            cut = [ESPEAK.phonemize(espeak_voice, _safe_for_espeak(part)) for part in (before, after)]
+            whole = _read(espeak_voice, before + after)
+            cut = _read(espeak_voice, before) + _read(espeak_voice, after)
         except BadInput:  # espeak-ng failed on this stretch: no answer, so not confirmed
             return False
-        return whole == cut[0] + cut[1]
+        return whole == cut
 
     return ends_sentence
 
@@ -123,9 +83,12 @@ def sentences(text: str, espeak_voice: str) -> Iterator[list[str]]:
     if not text.strip():
         raise BadInput("text is empty")
     for block in text_blocks(text, ends_sentence=espeak_ends_sentence(espeak_voice)):
-        for phonemes in ESPEAK.phonemize(espeak_voice, _safe_for_espeak(block)):
-            if any(p.isalpha() for p in phonemes):
-                yield phonemes
+        yield from _read(espeak_voice, block)
+
+
+def _read(espeak_voice: str, text: str) -> list[list[str]]:
+    """espeak-ng's phonemes of each sentence of `text` that has something to pronounce."""
+    return [s for s in ESPEAK.phonemize(espeak_voice, _safe_for_espeak(text)) if any(p.isalpha() for p in s)]
 
 
 def _safe_for_espeak(text: str) -> str:

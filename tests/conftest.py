@@ -26,6 +26,13 @@ def voice(bundle_dir: Path):
     return Voice.load(bundle_dir, EngineSettings(precision="fp32"))
 
 
+@pytest.fixture(scope="session")
+def piper_voice():
+    from phoneme_helpers import phonemizing_piper
+
+    return phonemizing_piper()
+
+
 DAEMON_CONFIG = """
 [server]
 header_timeout_s = 1.0

