@@ -36,12 +36,13 @@ _CHAIN_LIMITS = (20, 40)
 take this many UTF-8 bytes, is spelled out; shorter ones ("U.S.A.", "e.g.", "A. B., C. D.") are
 left to espeak-ng, so that their ids stay Piper's."""
 _NOT_COUNTED = re.compile(r"[\s!-/:-@\[-`{-~]")
-_MAX_RUN = 64
+_MAX_RUN = 128
 _UNBROKEN = re.compile(r"[^\s\u0e00-\u0fff\u1000-\u109f\u1780-\u17ff\u3000-\u9fff\uf900-\ufaff\uff00-\uffef"
                        rf"\U00020000-\U0003ffff]{{{_MAX_RUN + 1},}}")
-"""Over 64 characters without a space, in scripts that separate words with spaces (not Thai, Lao,
+"""Over 128 characters without a space, in scripts that separate words with spaces (not Thai, Lao,
 Tibetan, Myanmar, Khmer, Chinese, Japanese). espeak-ng crashes (a buffer overrun in TranslateWord3)
-on a word that stacks ~70 suffixes ("nessness...", "s's's'..."); no word of these is 64 long."""
+on a word that stacks ~70 suffixes: "hope" + "'s" * 70 (144 characters) is the shortest found.
+Runs of up to 128 (URLs, hashes, e-mail addresses, compounds) are left whole, as Piper reads them."""
 _BREAK_AFTER = "/-._,;:?&=+"
 """Where such a run is best broken: a URL or a hyphenated compound then reads part by part."""
 
@@ -94,7 +95,7 @@ def _read(espeak_voice: str, text: str) -> list[list[str]]:
 def _safe_for_espeak(text: str) -> str:
     """Text that espeak-ng can take (see _LETTER_CHAIN, _UNBROKEN; found by fuzzing): a long run of
     dotted letters spelled one by one ("a. b. c. "), which is how espeak-ng reads them anyway; a run
-    of over 64 characters without a space broken up (see _broken_up); NUL (which its C API cannot carry) as a space. Short runs
+    of over 128 characters without a space broken up (see _broken_up); NUL (which its C API cannot carry) as a space. Short runs
     such as "e.g." or "U.S.A." and real words are left alone, so ids still match Piper's. What still
     crashes it only costs its own process (edged.espeak_worker)."""
     text = _LETTER_CHAIN.sub(_spelled_if_long, text)
@@ -106,8 +107,8 @@ _ONE_DOTTED_LETTER = re.compile(_DOTTED_LETTER)
 
 
 def _broken_up(run: re.Match[str]) -> str:
-    """The run with a space at most every 64 characters: after the last of _BREAK_AFTER in each
-    stretch that has one, else after its 64th character."""
+    """The run with a space at most every _MAX_RUN characters: after the last of _BREAK_AFTER in
+    each stretch that has one, else after its _MAX_RUN-th character."""
     rest, parts = run.group(), []
     while len(rest) > _MAX_RUN:
         stretch = rest[:_MAX_RUN]
