@@ -75,6 +75,18 @@ def is_admin(peer: Peer | None, admin_group: str) -> bool:
     return user.pw_name in group.gr_mem or group.gr_gid in os.getgrouplist(user.pw_name, user.pw_gid)
 
 
+def admin_group_missing(admin_group: str) -> bool:
+    """Whether the configured admin group is not a group here: only root and the daemon's user
+    may then make administrative calls."""
+    if not admin_group:
+        return False
+    try:
+        grp.getgrnam(admin_group)
+    except KeyError:
+        return True
+    return False
+
+
 def require_admin(peer: Peer | None, admin_group: str) -> None:
     if not is_admin(peer, admin_group):
         who = "an unknown peer" if peer is None else f"uid {peer.uid}"

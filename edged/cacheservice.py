@@ -116,21 +116,15 @@ class CacheService:
     # -- administration ------------------------------------------------------------------------
 
     async def invalidate(self, voice: str | None, version: str | None, tag: str | None) -> dict[str, Any]:
-        """Drop entries of a voice (one version or all), of a tag, or (nothing given) everything."""
+        """Drop the entries with every name given (a voice, one version of it, a tag), or (nothing
+        given) everything."""
         assert self.cache is not None  # a version without a voice is refused by messages.cache_scope
-        results = []
-        if voice is not None:
-            results.append(await self.cache.invalidate_voice(voice, version))
-        if tag is not None:
-            results.append(await self.cache.invalidate_tag(tag))
-        if not results:
-            results.append(await self.cache.clear())
+        result = await self.cache.invalidate(voice, version, tag)
         return {
-            "scope": {"voice": voice, "version": version, "tag": tag,
-                      "all": any(r.everything for r in results)},
-            "memory_dropped": sum(r.memory_dropped for r in results),
-            "disk_dropped": sum(r.disk_dropped for r in results),
-            "persisted": all(r.persisted for r in results),
+            "scope": {"voice": voice, "version": version, "tag": tag, "all": result.everything},
+            "memory_dropped": result.memory_dropped,
+            "disk_dropped": result.disk_dropped,
+            "persisted": result.persisted,
         }
 
     def add_warm(self, phrases: list[Phrase]) -> None:

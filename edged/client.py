@@ -231,7 +231,11 @@ def _cache_clear(args: argparse.Namespace) -> int:
     url = "/v1/cache" + (f"?{urllib.parse.urlencode(scope)}" if scope else "")
     result = get_json(args.socket, url, "DELETE")
     what = ", ".join(f"{k} {v}" for k, v in scope.items()) or "everything"
-    print(f"cleared {what}: {result['memory_dropped']} in memory, {result['disk_dropped']} on disk"
+    # Only everything and a voice version are deleted from disk at once; other scopes' entries
+    # there are stale now and go when next read or evicted.
+    on_disk = (f"{result['disk_dropped']} deleted on disk" if scope.keys() in ({"voice", "version"}, set())
+               else "stale on disk (removed when next read)")
+    print(f"cleared {what}: {result['memory_dropped']} in memory, {on_disk}"
           + ("" if result.get("persisted", True) else " (not persisted: holds until restart)"))
     return 0
 
@@ -353,9 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
     cache = commands.add_parser("cache", help="clear or warm the daemon's audio cache (root or admin group)")
     cache_commands = cache.add_subparsers(dest="cache_command", required=True)
     clear = cache_commands.add_parser("clear", help="drop cached audio: of a voice, a version, a tag, or all")
-    clear.add_argument("--voice", help="only this voice id")
+    clear.add_argument("--voice", help="only this voice id's audio")
     clear.add_argument("--version", help="only this version of --voice")
-    clear.add_argument("--tag", help="only audio requested with this tag")
+    clear.add_argument("--tag", help="only audio requested with this tag (with --voice: of that voice)")
     clear.set_defaults(run=_cache_clear)
     warm = cache_commands.add_parser("warm", help="synthesize the phrases of FILE that are not cached yet")
     warm.add_argument("file", type=Path, help="a phrase a line (or voice<TAB>text); - for stdin")

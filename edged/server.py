@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from .admin import admin_group_missing
 from .config import Settings, load_settings, socket_path
 from .daemon import Daemon, State
 from .errors import AlreadyRunning, ConfigError
@@ -82,6 +83,9 @@ def _serve(settings: Settings, early_stop: threading.Event) -> int:
     _limit_malloc_arenas(settings.server.malloc_arenas)  # before any thread starts
     _raise_open_files_limit()
     listener = open_listener(settings)
+    if admin_group_missing(settings.server.admin_group):
+        log.warning("server.admin_group %r is not a group on this system: only root and the daemon's "
+                    "user may clear or warm the cache", settings.server.admin_group)
     daemon = Daemon(settings)
     try:
         daemon.start_loading()  # threads: the engine imports and loads while the HTTP layer imports

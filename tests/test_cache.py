@@ -70,7 +70,7 @@ def test_every_hit_is_counted_in_a_tier_and_a_stale_entry_is_a_miss(tmp_path: Pa
         stats = cache.stats()
         assert stats.memory_hits + stats.disk_hits == 4 and stats.disk_misses == 0
         # Invalidated: the disk row is found but stale, which is a miss, not a hit.
-        await cache.invalidate_voice(KEY.voice, None)
+        await cache.invalidate(KEY.voice, None)
         assert (await fetch(cache, producer))[0] == "miss"
         after = cache.stats()
         assert after.disk_hits == stats.disk_hits and after.disk_misses == 1
@@ -99,7 +99,7 @@ def test_requests_with_other_tags_join_one_synthesis(tmp_path: Path) -> None:
     # other's flight: three syntheses for one key.
     async def scenario() -> None:
         cache = await AudioCache.open(settings(tmp_path))
-        await cache.invalidate_tag("prompts")
+        await cache.invalidate(tag="prompts")
         producer = Producer(chunks=6)
         results = await asyncio.gather(fetch(cache, producer), fetch(cache, producer, tag="prompts"),
                                        fetch(cache, producer), fetch(cache, producer, tag="other"))
@@ -281,6 +281,7 @@ def _keys() -> dict[str, tuple[CacheKey, str | None]]:
         "a1b": (CacheKey.make("two", "voice-a", "1"), None),
         "a2": (CacheKey.make("one", "voice-a", "2"), None),
         "b1": (CacheKey.make("one", "voice-b", "1"), "prompts-v3"),
+        "a2t": (CacheKey.make("two", "voice-a", "2"), "prompts-v3"),
     }
 
 
@@ -288,9 +289,12 @@ def _keys() -> dict[str, tuple[CacheKey, str | None]]:
     ("action", "gone"),
     [
         ("version", {"a1", "a1b"}),
-        ("voice", {"a1", "a1b", "a2"}),
-        ("tag", {"a1", "b1"}),
-        ("all", {"a1", "a1b", "a2", "b1"}),
+        ("voice", {"a1", "a1b", "a2", "a2t"}),
+        ("tag", {"a1", "b1", "a2t"}),
+        # Both names: only what has both (once it was either, and a voice lost all its audio).
+        ("voice and tag", {"a1", "a2t"}),
+        ("version and tag", {"a1"}),
+        ("all", {"a1", "a1b", "a2", "b1", "a2t"}),
     ],
 )
 def test_invalidation_drops_exactly_its_scope_and_survives_restart(
@@ -299,15 +303,19 @@ def test_invalidation_drops_exactly_its_scope_and_survives_restart(
 
     async def invalidate(cache: AudioCache, in_memory: bool) -> None:
         if action == "version":
-            result = await cache.invalidate_voice("voice-a", "1")
+            result = await cache.invalidate("voice-a", "1")
             assert result.disk_dropped == 2
         elif action == "voice":
-            result = await cache.invalidate_voice("voice-a")
+            result = await cache.invalidate("voice-a")
         elif action == "tag":
-            result = await cache.invalidate_tag("prompts-v3")
+            result = await cache.invalidate(tag="prompts-v3")
+        elif action == "voice and tag":
+            result = await cache.invalidate("voice-a", tag="prompts-v3")
+        elif action == "version and tag":
+            result = await cache.invalidate("voice-a", "1", "prompts-v3")
         else:
             result = await cache.clear()
-            assert result.disk_dropped == 4
+            assert result.disk_dropped == 5
         assert result.persisted and result.memory_dropped == (len(gone) if in_memory else 0)
 
     async def statuses(cache: AudioCache) -> dict[str, str]:
@@ -364,10 +372,10 @@ def test_invalidation_counters_are_bounded_and_a_full_clear_restarts_them(
         tagged = Producer()
         await fetch(cache, tagged, KEY, "kept-before")
         for i in range(5):
-            assert not (await cache.invalidate_tag(f"tag-{i}")).everything
+            assert not (await cache.invalidate(tag=f"tag-{i}")).everything
         await settle(cache)
         assert len(stored_scopes()) == 5
-        result = await cache.invalidate_tag("one-too-many")  # past the bound: everything goes
+        result = await cache.invalidate(tag="one-too-many")  # past the bound: everything goes
         assert result.everything and result.memory_dropped == 1
         await settle(cache)
         assert stored_scopes() == [generations.ALL]
@@ -382,7 +390,7 @@ def test_synthesis_running_during_invalidation_is_not_stored(tmp_path: Path) -> 
         cache = await AudioCache.open(settings(tmp_path))
         producer = Producer(chunks=2, gated=True)
         stream = await cache.stream(KEY, producer, sample_rate=RATE)
-        await cache.invalidate_voice(KEY.voice, KEY.version)
+        await cache.invalidate(KEY.voice, KEY.version)
         # A request after the invalidation must not join the old synthesis.
         fresh = Producer()
         assert await fetch(cache, fresh) == ("miss", fresh.whole)

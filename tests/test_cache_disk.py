@@ -27,7 +27,7 @@ from cache_helpers import (
 
 from edged.cache import AudioCache, CacheKey, CacheSettings, default_directory
 from edged.cache.diskstore import DiskStore
-from edged.cache.generations import Generations
+from edged.cache.generations import SCOPES, Generations
 from edged.cache.layout import DBNAME, Layout
 from edged.cache.record import CachedAudio, EntryMeta, audio_checksum
 
@@ -220,7 +220,7 @@ def _put(store: DiskStore, name: str, size: int = 40_000) -> CachedAudio:
     audio = os.urandom(size)
     key = CacheKey.make(name, "v", "1").digest
     meta = EntryMeta(key=key, voice="v", version="1", format="pcm", sample_rate=22050, tag=None,
-                     created=0.0, expires=None, generations=(0, 0, 0, 0),
+                     created=0.0, expires=None, generations=(0,) * SCOPES,
                      sha256=audio_checksum(audio), size=len(audio))
     entry = CachedAudio(meta, audio)
     assert store.put(entry, None)

@@ -38,7 +38,7 @@ import numpy as np
 
 from edged.cache import AudioCache, CacheKey, CacheSettings
 from edged.cache.diskstore import DiskStore, EvictionPolicy
-from edged.cache.generations import Generations
+from edged.cache.generations import SCOPES, Generations
 from edged.cache.memory import MemoryTier
 from edged.cache.record import CachedAudio, EntryMeta, audio_checksum
 
@@ -73,7 +73,7 @@ class Workload:
         audio = i.to_bytes(8, "little") + self.noise[start : start + size - 8]
         meta = EntryMeta(key=self.digests[i], voice="en_US-joe-medium", version="1", format="pcm",
                          sample_rate=22050, tag=None, created=time.time(), expires=None,
-                         generations=(0, 0, 0, 0), sha256=audio_checksum(audio), size=len(audio))
+                         generations=(0,) * SCOPES, sha256=audio_checksum(audio), size=len(audio))
         return CachedAudio(meta, audio)
 
 

@@ -289,15 +289,16 @@ class AudioCache:
 
     # -- invalidation --------------------------------------------------------------------------
 
-    async def invalidate_voice(self, voice: str, version: str | None = None) -> Invalidation:
-        """Drop a voice's entries: one version, or every version."""
-        if version is None:
-            return await self._invalidate(gen.voice_scope(voice), None)
-        return await self._invalidate(gen.version_scope(voice, version),
-                                      lambda: self.disk.evict_version(voice, version))  # type: ignore[union-attr]
-
-    async def invalidate_tag(self, tag: str) -> Invalidation:
-        return await self._invalidate(gen.tag_scope(tag), None)
+    async def invalidate(self, voice: str | None = None, version: str | None = None,
+                         tag: str | None = None) -> Invalidation:
+        """Drop the entries that have every name given: a voice (one version of it, or all), a
+        tag, or both; with none given, everything."""
+        scope = gen.scope_of(voice, version, tag)
+        if scope == gen.ALL:
+            return await self.clear()
+        if version is not None and tag is None:  # its files can be found on disk: deleted now
+            return await self._invalidate(scope, lambda: self.disk.evict_version(voice, version))  # type: ignore[union-attr,arg-type]
+        return await self._invalidate(scope, None)
 
     async def clear(self) -> Invalidation:
         return await self._invalidate(gen.ALL, lambda: self.disk.clear())  # type: ignore[union-attr]

@@ -1,7 +1,8 @@
 """Invalidation by generation: O(1) for any scope, stale entries dropped lazily when read.
 
-Every entry records the generations of its four scopes (everything, its voice, its voice version,
-its request tag) as they were when its synthesis began. Invalidating a scope bumps its counter,
+Every entry records the generations of its six scopes (everything, its voice, its voice version,
+its request tag, and that tag within its voice and within its version) as they were when its
+synthesis began. An invalidation names one scope, and bumps its counter,
 which makes every entry recorded under an older value stale at once. The counters live in the
 disk tier's database (see DiskStore), so an invalidation survives restarts together with the
 entries it covers.
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 ALL = "all"
 _SEP = "\x1f"
+SCOPES = 6
+"""Counters each entry records: see snapshot."""
 MAX_SCOPES = 10_000
 """Counters kept at most. Each scope ever invalidated keeps one (a client clearing a new tag
 every time would grow them without end); past this, invalidating a new scope clears everything
@@ -29,20 +32,26 @@ def tag_scope(tag: str) -> str:
     return f"tag{_SEP}{tag}"
 
 
+def scope_of(voice: str | None, version: str | None, tag: str | None) -> str:
+    """The scope of the entries with all the names given (None: any); a version needs its voice."""
+    if voice is None:
+        return ALL if tag is None else tag_scope(tag)
+    scope = voice_scope(voice) if version is None else version_scope(voice, version)
+    return scope if tag is None else f"{scope}{_SEP}{tag_scope(tag)}"
+
+
 class Generations:
     def __init__(self) -> None:
         self._gens: dict[str, int] = {}
         self._unsaved: set[str] = set()
         """Scopes invalidated while the disk tier could not record it (off, or failing)."""
 
-    def snapshot(self, voice: str, version: str, tag: str | None) -> tuple[int, int, int, int]:
-        get = self._gens.get
-        return (
-            get(ALL, 0),
-            get(voice_scope(voice), 0),
-            get(version_scope(voice, version), 0),
-            get(tag_scope(tag), 0) if tag is not None else 0,
-        )
+    def snapshot(self, voice: str, version: str, tag: str | None) -> tuple[int, ...]:
+        """The counters of an entry's SCOPES scopes (those naming a tag are 0 for an untagged one)."""
+        scopes = [ALL, voice_scope(voice), version_scope(voice, version)]
+        if tag is not None:
+            scopes += [scope_of(None, None, tag), scope_of(voice, None, tag), scope_of(voice, version, tag)]
+        return tuple(self._gens.get(scope, 0) for scope in scopes) + (0,) * (SCOPES - len(scopes))
 
     def bump(self, scope: str) -> int:
         value = self._gens.get(scope, 0) + 1

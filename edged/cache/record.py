@@ -17,6 +17,8 @@ import typing
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .generations import SCOPES
+
 MAGIC = b"EDGA"
 LAYOUT = 1
 _PREFIX = struct.Struct("<4sBI")
@@ -46,8 +48,8 @@ class EntryMeta:
     """Unix time (s) the synthesis finished."""
     expires: float | None
     """Unix time (s) after which the entry is never served; None: no expiry."""
-    generations: tuple[int, int, int, int]
-    """Invalidation generations (all, voice, voice version, tag) current when synthesis began."""
+    generations: tuple[int, ...]
+    """Invalidation generations current when synthesis began (generations.Generations.snapshot)."""
     sha256: str
     """Hex digest of the audio bytes."""
     size: int
@@ -109,7 +111,7 @@ def decode(record: bytes, expected_key: str) -> CachedAudio:
     except (ValueError, TypeError, KeyError, RecursionError) as error:  # RecursionError: nested JSON
         raise CorruptEntry(f"bad record header: {type(error).__name__} {error}"[:200]) from None
     audio = record[start:]
-    if meta.key != expected_key or len(meta.generations) != 4:
+    if meta.key != expected_key or len(meta.generations) != SCOPES:
         raise CorruptEntry("record belongs to another key")
     if meta.size != len(audio) or audio_checksum(audio) != meta.sha256:
         raise CorruptEntry("audio fails its checksum")
