@@ -24,6 +24,8 @@ def _synth(args: argparse.Namespace) -> int:
     from .voices import find_bundle
     from .wav import wav_header
 
+    if args.raw and args.output is not None:
+        raise BadInput("give -o FILE.wav or --raw (PCM on stdout), not both")
     output = None if args.raw else args.output
     if not args.raw:  # checked before reading stdin or loading the voice
         if output is None:

@@ -143,7 +143,7 @@ class OpenAISettings:
     def __post_init__(self) -> None:
         lowered = {name.lower(): voice for name, voice in self.voice_map.items()}
         if len(lowered) < len(self.voice_map):
-            raise ValueError("openai.voice_map names two aliases that differ only in case")
+            raise ValueError("voice_map names two aliases that differ only in case")
         self.voice_map = lowered
 
 
@@ -317,7 +317,7 @@ def check(settings: Settings) -> None:
         if not Path(entry).expanduser().is_absolute():
             raise ConfigError(f"voices.search_path entry {entry!r} must be an absolute path")
     if not 0 <= settings.server.socket_mode <= 0o777:
-        raise ConfigError("server.socket_mode must be a file mode between 0o000 and 0o777")
+        raise ConfigError("server.socket_mode must be a file mode between 0o001 and 0o777")
     if settings.voices.precision not in ("", "fp32", "int8"):
         raise ConfigError("voices.precision must be fp32, int8 or empty")
     if settings.limits.max_body_bytes < settings.limits.max_text_chars:

@@ -60,6 +60,23 @@ def test_synth_names_an_unknown_voice(tmp_path: Path, bundle_dir: Path) -> None:
     assert result.returncode == 2 and b"unknown voice ''" in result.stderr
 
 
+def test_synth_leaves_no_onnxruntime_telemetry_behind(tmp_path: Path, bundle_dir: Path) -> None:
+    # onnxruntime wrote a device id and a telemetry database under $XDG_CACHE_HOME at import.
+    env = {k: v for k, v in os.environ.items() if k != "ORT_DISABLE_TELEMETRY"}
+    env.update(HOME=str(tmp_path / "home"), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    result = subprocess.run([sys.executable, "-m", "edged", "synth", "Hi.", "--raw", "--voice", str(bundle_dir)],
+                            capture_output=True, timeout=120, check=False, env=env)
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "home").exists()
+
+
+def test_synth_refuses_raw_and_a_file_at_once(tmp_path: Path, bundle_dir: Path) -> None:
+    # -o was ignored without a word: the PCM went to stdout and no file was written.
+    result = _edged("synth", "Hi.", "--raw", "-o", str(tmp_path / "x.wav"), "--voice", str(bundle_dir))
+    assert result.returncode == 2 and b"not both" in result.stderr and result.stdout == b""
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_synth_refuses_empty_text(tmp_path: Path, bundle_dir: Path) -> None:
     result = _edged("synth", "  ", "--voice", str(bundle_dir), "-o", str(tmp_path / "x.wav"))
     assert result.returncode == 2 and b"text is empty" in result.stderr
