@@ -70,11 +70,10 @@ def espeak_ends_sentence(espeak_voice: str) -> Callable[[str, int], bool]:
     def ends_sentence(text: str, i: int) -> bool:
         before, after = text[max(0, i - _CHECK_CHARS) : i], text[i : i + _CHECK_CHARS]
         try:
-            whole = _read(espeak_voice, before + after)
-            cut = _read(espeak_voice, before) + _read(espeak_voice, after)
+            whole, *cut = _read_each(espeak_voice, [before + after, before, after])
         except BadInput:  # espeak-ng failed on this stretch: no answer, so not confirmed
             return False
-        return whole == cut
+        return whole == cut[0] + cut[1]
 
     return ends_sentence
 
@@ -89,7 +88,12 @@ def sentences(text: str, espeak_voice: str) -> Iterator[list[str]]:
 
 def _read(espeak_voice: str, text: str) -> list[list[str]]:
     """espeak-ng's phonemes of each sentence of `text` that has something to pronounce."""
-    return [s for s in ESPEAK.phonemize(espeak_voice, _safe_for_espeak(text)) if any(p.isalpha() for p in s)]
+    return _read_each(espeak_voice, [text])[0]
+
+
+def _read_each(espeak_voice: str, texts: list[str]) -> list[list[list[str]]]:
+    read = ESPEAK.phonemize_each(espeak_voice, [_safe_for_espeak(text) for text in texts])
+    return [[s for s in sentences if any(p.isalpha() for p in s)] for sentences in read]
 
 
 def _safe_for_espeak(text: str) -> str:

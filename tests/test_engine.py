@@ -99,13 +99,13 @@ def test_out_of_range_parameters_are_refused(params: dict) -> None:
 
 def test_long_text_is_phonemized_lazily(voice: Voice, monkeypatch: pytest.MonkeyPatch) -> None:
     blocks: list[int] = []
-    real = edged.phonemes.ESPEAK.phonemize
+    real = edged.phonemes.ESPEAK.phonemize_each
 
-    def counting(espeak_voice: str, block: str) -> list[list[str]]:
-        blocks.append(len(block))
-        return real(espeak_voice, block)
+    def counting(espeak_voice: str, texts: list[str]) -> list[list[list[str]]]:
+        blocks.extend(len(text) for text in texts)
+        return real(espeak_voice, texts)
 
-    monkeypatch.setattr(edged.phonemes.ESPEAK, "phonemize", counting)
+    monkeypatch.setattr(edged.phonemes.ESPEAK, "phonemize_each", counting)
     text = ("This sentence is one of very many in a long text. " * 2000)[:100_000]
     stream = voice.synthesize(text)
     first = next(stream)
