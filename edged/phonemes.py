@@ -10,6 +10,7 @@ identical to Piper's.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,10 +21,14 @@ from .errors import BadInput
 from .espeak_worker import ESPEAK
 from .textblocks import text_blocks
 
+log = logging.getLogger(__name__)
+
 _CHECK_CHARS = 100
 """Text read on each side of a candidate cut: a few sentences. What decides a sentence end in
 espeak-ng lies within a few words of it."""
 _CLAUSE_END = {",", ";", ":"}
+_RAW_PHONEMES = re.compile(r"(\[\[.*?\]\])")
+"""Phonemes written out in a text, as piper-tts reads them: "[[" and "]]" on one line."""
 _DOTTED_LETTER = r"(?<![^\W_])([^\W_])[^\w.]*\.[\W_]*"
 """One letter (or digit) standing alone, a dot after it (spaces, soft hyphens... between them),
 and whatever non-letters follow."""
@@ -70,7 +75,7 @@ def espeak_ends_sentence(espeak_voice: str) -> Callable[[str, int], bool]:
     def ends_sentence(text: str, i: int) -> bool:
         before, after = text[max(0, i - _CHECK_CHARS) : i], text[i : i + _CHECK_CHARS]
         try:
-            whole, *cut = _read_each(espeak_voice, [before + after, before, after])
+            whole, *cut = (_spoken(read) for read in _read_each(espeak_voice, [before + after, before, after]))
         except BadInput:  # espeak-ng failed on this stretch: no answer, so not confirmed
             return False
         return whole == cut[0] + cut[1]
@@ -79,21 +84,39 @@ def espeak_ends_sentence(espeak_voice: str) -> Callable[[str, int], bool]:
 
 
 def sentences(text: str, espeak_voice: str) -> Iterator[list[str]]:
-    """Phonemes of each sentence that has something to pronounce."""
+    """Phonemes of each sentence that has something to pronounce. Phonemes written out in the text
+    ("[[ h@loU ]]") are taken as Piper takes them: as they are, in the sentence they stand in."""
     if not text.strip():
         raise BadInput("text is empty")
+    parts = _RAW_PHONEMES.split(text)  # text, [[phonemes]], text, ...
+    held: list[str] | None = None  # the last sentence: phonemes written after it join it
+    for i, part in enumerate(parts):
+        if i % 2:
+            held = (held or []) + [" "] * parts[i - 1].endswith(" ") + list(part[2:-2].strip()) \
+                + [" "] * parts[i + 1].startswith(" ")
+            continue
+        for k, sentence in enumerate(_part_sentences(part, espeak_voice)):
+            if i and not k:  # the first sentence after written phonemes continues theirs
+                held = (held or []) + sentence
+                continue
+            yield from _spoken([held] if held is not None else [])
+            held = sentence
+    yield from _spoken([held] if held is not None else [])
+
+
+def _part_sentences(text: str, espeak_voice: str) -> Iterator[list[str]]:
     for block in text_blocks(text, ends_sentence=espeak_ends_sentence(espeak_voice)):
-        yield from _read(espeak_voice, block)
-
-
-def _read(espeak_voice: str, text: str) -> list[list[str]]:
-    """espeak-ng's phonemes of each sentence of `text` that has something to pronounce."""
-    return _read_each(espeak_voice, [text])[0]
+        yield from _read_each(espeak_voice, [block])[0]
 
 
 def _read_each(espeak_voice: str, texts: list[str]) -> list[list[list[str]]]:
-    read = ESPEAK.phonemize_each(espeak_voice, [_safe_for_espeak(text) for text in texts])
-    return [[s for s in sentences if any(p.isalpha() for p in s)] for sentences in read]
+    """espeak-ng's phonemes of each sentence of each text (see EspeakProcess.phonemize_each)."""
+    return ESPEAK.phonemize_each(espeak_voice, [_safe_for_espeak(text) for text in texts])
+
+
+def _spoken(sentences: list[list[str]]) -> list[list[str]]:
+    """The sentences that have something to pronounce (not punctuation alone, not empty)."""
+    return [s for s in sentences if any(p.isalpha() for p in s)]
 
 
 def _safe_for_espeak(text: str) -> str:
@@ -160,7 +183,12 @@ def _last_boundary(phonemes: list[str], limit: int) -> int:
 def pieces_ids(
     text: str, espeak_voice: str, id_map: dict[str, list[int]], limits: PieceLimits
 ) -> Iterator[list[int]]:
-    """Phoneme ids of every piece of every sentence, in order, produced lazily."""
+    """Phoneme ids of every piece of every sentence, in order, produced lazily. Phonemes the voice
+    has no id for are skipped, as Piper skips them (but without a warning for each: phonemes
+    written out in a text could fill the log)."""
     for phonemes in sentences(text, espeak_voice):
-        for piece in split_pieces(phonemes, limits):
+        known = [p for p in phonemes if p in id_map]
+        if len(known) < len(phonemes):
+            log.debug("%d phoneme(s) the voice has no id for were skipped", len(phonemes) - len(known))
+        for piece in split_pieces(known, limits):
             yield phonemes_to_ids(piece, id_map)

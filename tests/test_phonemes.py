@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from phoneme_helpers import edged_ids, piper_ids
 from piper import PiperVoice
@@ -126,3 +128,24 @@ def test_a_text_does_not_change_how_the_next_one_is_read(piper_voice: PiperVoice
     expected = piper_ids(piper_voice, "Paul walked home?")
     assert list(sentences(ending, "en-us"))
     assert edged_ids(piper_voice, "Paul walked home?") == expected
+
+
+@pytest.mark.parametrize("text", [
+    "See [[Paris]] now.", "Say [[h\u0259l\u02c8o\u028a]].", "[[h\u0259l\u02c8o\u028a]] world. Next one.",
+    "A. [[b]] [[c]] d. E [[f]]", "x [[a]][[b]] y.", "First. Second [[w\u02c8\u025c\u02d0ld]]. Third.",
+    "Hi [[ t\u02c8u\u02d0 ]], you.", "Unclosed [[ here.", "Over [[two\nlines]] is text.",
+])
+def test_phonemes_written_in_the_text_are_taken_as_piper_takes_them(piper_voice: PiperVoice, text: str) -> None:
+    # Piper reads "[[ ... ]]" as phonemes, not text: edged read them out ("bracket h schwa ...").
+    assert edged_ids(piper_voice, text) == piper_ids(piper_voice, text)
+
+
+def test_phonemes_the_voice_has_no_id_for_are_skipped_without_a_warning_each(
+        piper_voice: PiperVoice, caplog: pytest.LogCaptureFixture) -> None:
+    # Piper's phonemes_to_ids warns once per unknown phoneme: 100,000 characters, 100,000 lines.
+    text = "Prices in [[" + "\u20ac" * 1000 + "]] euros."
+    expected = piper_ids(piper_voice, text)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert edged_ids(piper_voice, text) == expected
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
