@@ -176,8 +176,11 @@ class App:
         raw = await read_body(scope, receive, limits.max_body_bytes, server.body_timeout_s)
         phrases = warm_body(raw, limits.max_text_chars)
         service = self._cache_service()
-        for phrase in phrases:  # unknown voices are refused now, not found out later
-            self.daemon.registry.info(phrase.voice or self.settings.voices.default)
+        for i, phrase in enumerate(phrases):  # unknown voices are refused now, not found out later
+            try:
+                self.daemon.registry.info(phrase.voice or self.settings.voices.default)
+            except UnknownVoice as exc:  # named as the body's other faults are (edgectl: by line)
+                raise UnknownVoice(f"phrase {i}: {exc}") from None
         service.add_warm(phrases)
         await send_json(send, 202, {"queued": len(phrases), "warm": asdict(service.warm)})
 

@@ -306,3 +306,11 @@ def test_cache_warm_stops_when_the_daemon_restarts(tmp_path: Path, bundle_dir: P
         assert b"the daemon restarted; the warm-up was lost" in outcome[0].stderr
         second.wait_state("READY")
         assert second.stop() == 0
+
+
+def test_cache_warm_names_the_line_of_a_phrase_for_an_unknown_voice(odd_daemon: Daemon, tmp_path: Path) -> None:
+    phrases = tmp_path / "phrases.txt"
+    phrases.write_text("Hi.\n# a comment\nnope\tHello.\n", encoding="utf-8")
+    done = edgectl("cache", "warm", str(phrases), socket_path=odd_daemon.socket)
+    assert done.returncode == 1, done.stderr
+    assert f"{phrases} line 3: unknown voice 'nope'".encode() in done.stderr, done.stderr
