@@ -72,6 +72,19 @@ def test_read_memory_counts_the_processes_it_started() -> None:
             child.kill()
 
 
+def test_read_memory_counts_pages_a_fork_shares_once() -> None:
+    # edged's espeak-ng child keeps a fork of itself ready: their shared pages were counted twice.
+    code = ("import numpy, os, sys; block = numpy.ones(64 * 1024 * 1024 // 8)\n"
+            "if os.fork() == 0: sys.stdin.read(); os._exit(0)\n"
+            "print(flush=True); sys.stdin.read()")
+    with subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as parent:
+        try:
+            assert parent.stdout is not None and parent.stdout.readline()
+            assert 60 < read_memory(parent.pid).anon < 100
+        finally:
+            parent.kill()
+
+
 def test_read_memory_of_a_finished_process_raises() -> None:
     process = subprocess.Popen([sys.executable, "-c", "pass"])
     process.wait()

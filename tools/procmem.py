@@ -20,7 +20,8 @@ class MemoryFigures:
     rss: float
     """All resident pages (anon + file + shmem)."""
     anon: float
-    """Resident anonymous pages."""
+    """Resident anonymous pages, each shared page counted in part by each process sharing it
+    (Pss_Anon): edged's espeak-ng child keeps a fork of itself ready, which shares its pages."""
     file: float
     """Resident file-backed pages (mapped weights and libraries)."""
     shmem: float
@@ -36,9 +37,12 @@ def read_memory(pid: int | str = "self") -> MemoryFigures:
     runs in a child of its own); ProcessLookupError if the process has gone."""
     try:
         text = (Path("/proc") / str(pid) / "status").read_text()
+        shared = _proportional_anon(pid)
     except FileNotFoundError:
         raise ProcessLookupError(f"no process {pid}") from None
     total = parse_status(text)
+    if shared is not None:
+        total = MemoryFigures(**{**asdict(total), "anon": shared})
     for child in _children(pid):
         try:
             figures = read_memory(child)
@@ -46,6 +50,14 @@ def read_memory(pid: int | str = "self") -> MemoryFigures:
             continue  # it ended meanwhile
         total = MemoryFigures(**{k: v + getattr(figures, k) for k, v in asdict(total).items()})
     return total
+
+
+def _proportional_anon(pid: int | str) -> float | None:
+    """Pss_Anon of /proc/<pid>/smaps_rollup in MiB; None where the kernel has no such line (< 5.0)."""
+    for line in (Path("/proc") / str(pid) / "smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss_Anon:"):
+            return int(line.split()[1]) / 1024
+    return None
 
 
 def _children(pid: int | str) -> list[int]:
