@@ -149,3 +149,22 @@ def test_phonemes_the_voice_has_no_id_for_are_skipped_without_a_warning_each(
     with caplog.at_level(logging.WARNING):
         assert edged_ids(piper_voice, text) == expected
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_text_between_written_phonemes_is_read_a_block_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each part of the text between [[ ]] went to espeak-ng alone, a fork each (~4 ms): 10,000
+    # parts took 40 s inside one step of the text stage, whose only slot the daemon's other
+    # clients then waited for.
+    import edged.phonemes
+
+    calls: list[int] = []
+    real = edged.phonemes.ESPEAK.phonemize_each
+
+    def counting(espeak_voice: str, texts: list[str]) -> list[list[list[str]]]:
+        calls.append(len(texts))
+        return real(espeak_voice, texts)
+
+    monkeypatch.setattr(edged.phonemes.ESPEAK, "phonemize_each", counting)
+    (sentence,) = sentences("[[ a ]] b " * 1000, "en-us")  # one sentence, as Piper makes it
+    assert sum(calls) == 1001 and len(calls) <= 10
+    assert sentence.count("a") == 1000

@@ -54,8 +54,11 @@ def test_blocks_ask_the_checker_about_likely_ends_and_grow_while_none_is_confirm
     assert [text[i] for i in asked] == ["T", "O", "T", "f"] and first == text[:40]
     asked.clear()
     never = next(text_blocks(text, block_chars=40, ends_sentence=lambda whole, i: asked.append(i) or False))
-    assert len(asked) > 8  # the block grew, asking about the ends each growth added
+    assert len(asked) == 8  # the block grew, asking about the ends each growth added, 8 in all
     assert never == text[:33]  # none confirmed: the likeliest of the first 40 characters
+    # With no sentence end to ask about, a block grows to MAX_BLOCK_CHARS, as Piper reads on.
+    words = "word " * 1000
+    assert list(text_blocks(words, block_chars=2000, ends_sentence=lambda whole, i: False)) == [words]
 
 
 _ABBREVIATIONS = ["St.", "Dr.", "Mr.", "No.", "vs.", "etc.", "approx.", "U.S.", "a.m.", "e.g.", "i.e.", "Jan.",
