@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from cache_helpers import (
+    KEY,
     Producer,
     fetch,
     fill,
@@ -505,6 +506,38 @@ def test_a_clear_made_while_the_disk_tier_was_off_holds_when_it_comes_back(tmp_p
     lock = os.open(Layout(tmp_path / "cache").lock, os.O_RDWR)
     fcntl.flock(lock, fcntl.LOCK_EX)
     run(with_the_tier_off_at_first(lock))
+
+
+@pytest.mark.parametrize("then", ["another invalidation", "close"])
+def test_an_invalidation_the_database_missed_is_written_when_it_can_be(tmp_path: Path, then: str) -> None:
+    # A clear that could not be written (the database locked here; full, read-only...) held in
+    # memory only, and was lost at the next start even when writes worked again long before it:
+    # the cleared audio was served again.
+    cache_settings = CacheSettings(directory=tmp_path / "cache", ttl_seconds=None, disk_timeout_seconds=0.2)
+
+    async def missed() -> None:
+        cache = await AudioCache.open(cache_settings)
+        await fetch(cache, Producer(), KEY, "promo")
+        await settle(cache)
+        holder = sqlite3.connect(Layout(tmp_path / "cache").store / DBNAME, isolation_level=None)
+        holder.execute("BEGIN EXCLUSIVE")  # another writer holds the database
+        assert not (await cache.invalidate(tag="promo")).persisted
+        holder.execute("ROLLBACK")
+        holder.close()
+        if then == "another invalidation":  # written then, before the close
+            assert (await cache.invalidate(tag="another")).persisted
+            with sqlite3.connect(Layout(tmp_path / "cache").store / DBNAME) as db:
+                scopes = [row[0] for row in db.execute("SELECT scope FROM edged_generations")]
+            assert sum("promo" in scope for scope in scopes) == 1
+        await cache.close()
+
+    async def after_a_restart() -> None:
+        cache = await AudioCache.open(cache_settings)
+        assert (await fetch(cache, Producer(), KEY, "promo"))[0] == "miss"
+        await cache.close()
+
+    run(missed())
+    run(after_a_restart())
 
 
 def test_reads_stuck_on_a_stalled_disk_do_not_hold_up_later_requests(tmp_path: Path) -> None:

@@ -141,6 +141,7 @@ class AudioCache:
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.flush()
         if self.disk is not None:
+            await asyncio.get_running_loop().run_in_executor(self._writer, self.disk.save_pending)
             await asyncio.get_running_loop().run_in_executor(self._writer, self.disk.close)
         # Threads that end drop their SQLite connections with them.
         self._readers.shutdown(wait=False, cancel_futures=True)  # one may be stuck in a stalled read
@@ -313,6 +314,7 @@ class AudioCache:
         dropped = self._memory.purge(lambda entry: not self._fresh(entry.meta, now))
         persisted, disk_dropped = False, 0
         if self.disk is not None and self.disk.state != "off":
+            await self._write(self.disk.save_pending)  # earlier ones first: ALL may clear them
             persisted = await self._write(self.disk.save_generation, scope, value)
             if delete is not None:
                 disk_dropped = await self._write(delete)

@@ -316,6 +316,7 @@ class DiskStore:
             self.state = "ok"
             self._logged.difference_update({"disk_full", "unwritable", "io_error"})
             log.info("cache writes to %s work again", self.directory)
+            self.save_pending()
         return True
 
     def touch(self, digest: str) -> None:
@@ -356,6 +357,13 @@ class DiskStore:
         except sqlite3.DatabaseError as error:
             self._on_db_error(error, "invalidate")
             return False
+
+    def save_pending(self) -> None:
+        """Write the counters of invalidations the database missed (a write failed, or the tier was
+        paused): else they were lost at the next start, and what they invalidated served again."""
+        pending = self._generations.pending()
+        if pending and all(self.save_generation(scope, value) for scope, value in pending):
+            self._generations.saved([scope for scope, _ in pending])
 
     # -- helpers -------------------------------------------------------------------------------
 

@@ -82,9 +82,17 @@ class Generations:
         for scope in self._unsaved:
             self._gens[scope] = max(self._gens.get(scope, 0), stored.get(scope, 0) + 1)
 
-    def saved(self) -> None:
-        """Every counter is on disk now."""
-        self._unsaved.clear()
+    def saved(self, scopes: list[str] | None = None) -> None:
+        """These counters (None: every counter) are on disk now."""
+        if scopes is None:
+            self._unsaved.clear()
+        else:
+            self._unsaved.difference_update(scopes)
+
+    def pending(self) -> list[tuple[str, int]]:
+        """The counters invalidated but not on disk, everything (ALL) first."""
+        scopes = sorted(set(self._unsaved), key=lambda scope: scope != ALL)  # a copy: the loop adds to it
+        return [(scope, self._gens.get(scope, 0)) for scope in scopes]
 
     def items(self) -> list[tuple[str, int]]:
         return list(self._gens.items())
