@@ -16,6 +16,9 @@ from typing import Any, Literal
 
 from .errors import BundleError
 
+NAME_MAX = 64
+"""Longest voice id, version or cache tag: the names a client gives to clear cached audio."""
+
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 3
 """3: the flow is in the front graph, the back is the decoder alone (2: the back held the flow and
@@ -85,6 +88,9 @@ class Manifest:
         here, with the field named, not met later as a crash in the middle of a synthesis."""
         for name in ("voice_id", "version", "espeak_voice"):
             _require(isinstance(getattr(self, name), str) and getattr(self, name), f"{name} must be a non-empty string")
+        for name in ("voice_id", "version"):  # as a client names them, to clear their cached audio
+            _require(len(getattr(self, name)) <= NAME_MAX and getattr(self, name).isprintable(),
+                     f"{name} must be printable and at most {NAME_MAX} characters")
         _require(_is_int(self.sample_rate) and 8000 <= self.sample_rate <= 192_000,
                  "sample_rate must be a whole number of Hz between 8000 and 192000")
         _require(_is_int(self.hop_length) and 1 <= self.hop_length <= 4096, "hop_length must be between 1 and 4096")

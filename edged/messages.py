@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 from urllib.parse import parse_qs
 
+from .bundle import NAME_MAX
 from .errors import BadInput, TextTooLong
 
 AudioFormat = Literal["wav", "pcm"]
@@ -165,7 +166,7 @@ def _format(data: dict[str, Any], name: str) -> AudioFormat:
 
 # -- the cache's administrative calls ------------------------------------------------------------
 
-TAG_MAX = 64
+TAG_MAX = NAME_MAX
 MAX_WARM_PHRASES = 10_000
 
 

@@ -207,6 +207,9 @@ MANIFEST_DAMAGE = {
     "window of 0 frames": (lambda m: m["streaming"].update(first_window=0), "at least one frame"),
     "huge context": (lambda m: m["streaming"].update(context=10**9), "streaming.context"),
     "unknown default precision": (lambda m: m.update(default_precision="fp16"), "default_precision"),
+    # A client names them to clear the voice's cached audio, in at most 64 printable characters.
+    "voice id too long to name": (lambda m: m.update(voice_id="en_US-" + "x" * 60), "voice_id must be printable"),
+    "version with a control": (lambda m: m.update(version="1.0\x1f0"), "version must be printable"),
 }
 
 
