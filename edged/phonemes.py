@@ -89,7 +89,8 @@ def sentences(text: str, espeak_voice: str) -> Iterator[list[str]]:
     if not text.strip():
         raise BadInput("text is empty")
     parts = _RAW_PHONEMES.split(text)  # text, [[phonemes]], text, ...
-    held: list[str] | None = None  # the last sentence: phonemes written after it join it
+    last = len(parts) // 2  # the text after the last written phonemes (all of it, if none)
+    held: list[str] | None = None  # the last sentence, while phonemes written after it may join it
     for i, part_sentences in enumerate(_sentences_of_each(parts[::2], espeak_voice)):
         if i:  # phonemes written before this part of the text
             held = [] if held is None else held
@@ -98,9 +99,12 @@ def sentences(text: str, espeak_voice: str) -> Iterator[list[str]]:
         for k, sentence in enumerate(part_sentences):
             if i and not k:  # the first sentence after written phonemes continues theirs
                 held += sentence  # type: ignore[operator]  (held is a list after written phonemes)
-                continue
-            yield from _spoken([held] if held is not None else [])
-            held = list(sentence)
+            else:
+                yield from _spoken([held] if held is not None else [])
+                held = list(sentence)
+            if i == last:  # nothing will join it: not held until the next block is read
+                yield from _spoken([held])  # type: ignore[list-item]
+                held = None
     yield from _spoken([held] if held is not None else [])
 
 

@@ -139,3 +139,49 @@ def test_a_text_that_crashes_espeak_is_not_asked_twice(espeak: EspeakProcess) ->
     with pytest.raises(NotReady, match="killed twice"):
         espeak.phonemize("en-us", "Hello.")
     assert espeak.restarts == 2
+
+
+def _ready_fork(espeak: EspeakProcess) -> int:
+    """The pid of the fork the child keeps ready for the next text."""
+    child = espeak._child
+    assert child is not None
+    for _ in range(100):
+        forks = [int(pid) for pid in Path(f"/proc/{child.pid}/task/{child.pid}/children").read_text().split()]
+        # The fork that read the last text may still be exiting, or linger as a zombie.
+        live = [pid for pid in forks if Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"]
+        if len(live) == 1:
+            return live[0]
+        time.sleep(0.01)
+    raise AssertionError("the child keeps no fork ready")
+
+
+def test_a_ready_fork_killed_from_outside_costs_only_itself(espeak: EspeakProcess) -> None:
+    # Writing the next text to it failed with a broken pipe, which killed the child (a restart,
+    # a traceback in the log).
+    before = espeak.phonemize("en-us", "The water is warm.")
+    child = espeak._child
+    os.kill(_ready_fork(espeak), signal.SIGKILL)
+    time.sleep(0.2)  # gone before the next text comes
+    assert espeak.phonemize("en-us", "The water is warm.") == before
+    assert espeak._child is child and espeak.restarts == 0
+
+
+def test_a_fork_whose_child_was_killed_ends_and_the_text_is_read_again(espeak: EspeakProcess) -> None:
+    # The fork reading a long text outlived its child; its reply failed (broken pipe) and, as
+    # Python code, it went on into the child's loop: a second "child" answered the daemon
+    # "could not read the text: Broken pipe" (400) and read its requests.
+    espeak.timeout_s = 30.0
+    espeak.start()
+    child = espeak._child
+    assert child is not None
+    text = "The water is warm and the sky is clear. " * 6000  # ~1 s for espeak-ng
+    results: list = []
+    thread = threading.Thread(target=lambda: results.append(espeak.phonemize("en-us", text)))
+    thread.start()  # the child's first text: its first fork was made where errors were caught
+    _ready_fork(espeak)
+    time.sleep(0.3)  # the fork is reading it
+    os.kill(child.pid, signal.SIGKILL)  # the child alone, not its group
+    thread.join(60)
+    assert len(results) == 1 and len(results[0]) == 6000  # asked again of a new child, and read
+    time.sleep(1.5)  # the old fork has had time to finish its reading
+    assert subprocess.run(["pgrep", "-g", str(child.pid)], capture_output=True, check=False).stdout == b""

@@ -168,3 +168,24 @@ def test_text_between_written_phonemes_is_read_a_block_at_a_time(monkeypatch: py
     (sentence,) = sentences("[[ a ]] b " * 1000, "en-us")  # one sentence, as Piper makes it
     assert sum(calls) == 1001 and len(calls) <= 10
     assert sentence.count("a") == 1000
+
+
+def test_a_block_of_one_sentence_is_yielded_before_the_next_block_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each block's last sentence was held until the next block was read (in case phonemes
+    # written in [[ ]] followed it): a text whose blocks are single long sentences read twice as
+    # much before its first audio.
+    import edged.phonemes
+
+    read: list[str] = []
+    real = edged.phonemes.ESPEAK.phonemize_each
+
+    def recording(espeak_voice: str, texts: list[str]) -> list[list[list[str]]]:
+        read.extend(texts)
+        return real(espeak_voice, texts)
+
+    monkeypatch.setattr(edged.phonemes.ESPEAK, "phonemize_each", recording)
+    one_sentence = "And then we walked on, " + "and then we walked on, " * 84 + "until the end. "  # 1,970
+    stream = sentences(one_sentence * 3, "en-us")
+    next(stream)
+    blocks = [text for text in read if len(text) > 1000]
+    assert blocks == [one_sentence]
