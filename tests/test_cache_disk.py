@@ -540,6 +540,43 @@ def test_an_invalidation_the_database_missed_is_written_when_it_can_be(tmp_path:
     run(after_a_restart())
 
 
+def test_a_clear_of_everything_written_late_does_not_undo_a_later_one(tmp_path: Path) -> None:
+    # A clear of everything the database missed was written after a tag's clear that did get
+    # written (and was answered "persisted"): writing ALL deletes every other counter, so the
+    # tag's clear was lost at the next start and its audio served again.
+    import threading
+
+    cache_settings = CacheSettings(directory=tmp_path / "cache", ttl_seconds=None, disk_timeout_seconds=0.2)
+    database = Layout(tmp_path / "cache").store / DBNAME
+
+    def held(seconds: float | None) -> sqlite3.Connection:
+        holder = sqlite3.connect(database, isolation_level=None, check_same_thread=False)
+        holder.execute("BEGIN EXCLUSIVE")  # another writer holds the database
+        if seconds is not None:
+            threading.Timer(seconds, lambda: (holder.execute("ROLLBACK"), holder.close())).start()
+        return holder
+
+    async def clears() -> None:
+        cache = await AudioCache.open(cache_settings)
+        holder = held(None)
+        assert not (await cache.clear()).persisted
+        holder.execute("ROLLBACK")
+        holder.close()
+        await fetch(cache, Producer(), KEY, "promo")
+        await settle(cache)
+        held(0.3)  # the pending ALL times out; the tag's counter could be written after it
+        await cache.invalidate(tag="promo")
+        await cache.close()
+
+    async def after_a_restart() -> None:
+        cache = await AudioCache.open(cache_settings)
+        assert (await fetch(cache, Producer(), KEY, "promo"))[0] == "miss"
+        await cache.close()
+
+    run(clears())
+    run(after_a_restart())
+
+
 def test_reads_stuck_on_a_stalled_disk_do_not_hold_up_later_requests(tmp_path: Path) -> None:
     # A disk that stops answering cannot be made here: its reads are held on an event instead
     # (the real read follows). Once both reader threads are stuck, reads are misses at once.

@@ -314,8 +314,10 @@ class AudioCache:
         dropped = self._memory.purge(lambda entry: not self._fresh(entry.meta, now))
         persisted, disk_dropped = False, 0
         if self.disk is not None and self.disk.state != "off":
-            await self._write(self.disk.save_pending)  # earlier ones first: ALL may clear them
-            persisted = await self._write(self.disk.save_generation, scope, value)
+            # Earlier counters the database missed go first: an ALL written after this counter
+            # would delete it. While they cannot be written, this one waits with them.
+            if await self._write(self.disk.save_pending):
+                persisted = await self._write(self.disk.save_generation, scope, value)
             if delete is not None:
                 disk_dropped = await self._write(delete)
         if not persisted:

@@ -160,9 +160,10 @@ class DiskStore:
             stored = dict(db.execute("SELECT scope, gen FROM edged_generations").fetchall())
             self._generations.merge(stored)
             # After a rebuild the table is empty: carry over what this process knows.
+            known = self._generations.items()
             db.executemany("INSERT INTO edged_generations VALUES (?, ?) ON CONFLICT(scope)"
-                           " DO UPDATE SET gen = max(gen, excluded.gen)", self._generations.items())
-            self._generations.saved()
+                           " DO UPDATE SET gen = max(gen, excluded.gen)", known)
+            self._generations.saved([scope for scope, _ in known])
             self.volume, self.count = cache.volume(), len(cache)
         except BaseException:
             if db is not None:
@@ -358,12 +359,15 @@ class DiskStore:
             self._on_db_error(error, "invalidate")
             return False
 
-    def save_pending(self) -> None:
+    def save_pending(self) -> bool:
         """Write the counters of invalidations the database missed (a write failed, or the tier was
-        paused): else they were lost at the next start, and what they invalidated served again."""
+        paused): else they were lost at the next start, and what they invalidated served again.
+        Whether none is left to write."""
         pending = self._generations.pending()
-        if pending and all(self.save_generation(scope, value) for scope, value in pending):
+        if all(self.save_generation(scope, value) for scope, value in pending):
             self._generations.saved([scope for scope, _ in pending])
+            return True
+        return False
 
     # -- helpers -------------------------------------------------------------------------------
 

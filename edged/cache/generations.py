@@ -35,6 +35,8 @@ def tag_scope(tag: str) -> str:
 def scope_of(voice: str | None, version: str | None, tag: str | None) -> str:
     """The scope of the entries with all the names given (None: any); a version needs its voice."""
     if voice is None:
+        if version is not None:
+            raise ValueError("a version names nothing without its voice")
         return ALL if tag is None else tag_scope(tag)
     scope = voice_scope(voice) if version is None else version_scope(voice, version)
     return scope if tag is None else f"{scope}{_SEP}{tag_scope(tag)}"
@@ -79,20 +81,17 @@ class Generations:
         for scope, value in stored.items():
             if value > self._gens.get(scope, 0):
                 self._gens[scope] = value
-        for scope in self._unsaved:
+        for scope in list(self._unsaved):  # a copy: the event loop may add to it meanwhile
             self._gens[scope] = max(self._gens.get(scope, 0), stored.get(scope, 0) + 1)
 
-    def saved(self, scopes: list[str] | None = None) -> None:
-        """These counters (None: every counter) are on disk now."""
-        if scopes is None:
-            self._unsaved.clear()
-        else:
-            self._unsaved.difference_update(scopes)
+    def saved(self, scopes: list[str]) -> None:
+        """These counters are on disk now."""
+        self._unsaved.difference_update(scopes)
 
     def pending(self) -> list[tuple[str, int]]:
-        """The counters invalidated but not on disk, everything (ALL) first."""
-        scopes = sorted(set(self._unsaved), key=lambda scope: scope != ALL)  # a copy: the loop adds to it
-        return [(scope, self._gens.get(scope, 0)) for scope in scopes]
+        """The counters invalidated but not on disk, everything (ALL) first. (Called on the disk
+        tier's thread while the event loop may mark more: sorted() works on a copy.)"""
+        return [(scope, self._gens.get(scope, 0)) for scope in sorted(self._unsaved, key=lambda s: s != ALL)]
 
     def items(self) -> list[tuple[str, int]]:
         return list(self._gens.items())
