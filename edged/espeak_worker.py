@@ -37,13 +37,17 @@ from .errors import BadInput, NotReady
 log = logging.getLogger(__name__)
 
 BLOCK_TIMEOUT_S = 2.0
-"""Longest time one block of text may take: espeak-ng needs ~4 ms for a block (2,000 characters),
+"""Longest time one block of text may take: espeak-ng needs ~7 ms for a block (2,000 characters),
 ~0.2 s for the slowest found by fuzzing. Well under the text stage's timeout (5 s by default), so
 that a stalled text gets its own 400, not a stage timeout for it and for the requests behind it."""
 
 
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, signal.SIGILL})
 """Signals by which espeak-ng itself fails on a text; any other death (SIGKILL) came from outside."""
+
+
+class TextStalled(BadInput):
+    """espeak-ng took longer than its timeout over a text (and its process was replaced)."""
 
 
 class EspeakProcess:
@@ -67,7 +71,7 @@ class EspeakProcess:
 
     def phonemize_each(self, voice: str, texts: list[str]) -> list[list[list[str]]]:
         """phonemize() of each of `texts`, read one after another in one fork (each starts as
-        espeak-ng left the one before: a fork costs ~2 ms, reading a short text ~0.2 ms)."""
+        espeak-ng left the one before: a fork costs ~3 ms, reading a short text ~0.2 ms)."""
         with self._lock:
             for _attempt in range(2):  # a child killed from outside gets the text again, once
                 reply = self._ask(voice, texts)
@@ -80,7 +84,7 @@ class EspeakProcess:
         return reply["sentences"]  # type: ignore[no-any-return]
 
     def _ask(self, voice: str, texts: list[str]) -> dict[str, Any] | None:
-        """The child's reply to `text`; None if the child was killed from outside while it read
+        """The child's reply to `texts`; None if the child was killed from outside while it read
         (the OOM killer, an operator: not the text's doing). BadInput if it crashed or stalled on
         the text. A child that died or stalled is replaced by the next call."""
         child = self._running()
@@ -93,7 +97,7 @@ class EspeakProcess:
             line = b""
         if line is None:
             self._lose(child, "stalled on a text")
-            raise BadInput(f"espeak-ng took over {self.timeout_s:g} s to read this text; it was not spoken")
+            raise TextStalled(f"espeak-ng took over {self.timeout_s:g} s to read this text; it was not spoken")
         if not line:
             self._lose(child, "died on a text")
             if -(child.returncode or 0) not in CRASH_SIGNALS:
@@ -236,8 +240,11 @@ class _Reader:
         if self.pid == 0:  # the fork never returns into the child's code, whatever happens
             status = 1
             try:
-                os.close(self._text_out)
-                os.close(self._reply_in)
+                # Only its own pipes and stderr: holding the daemon's (stdin, the replies) kept the
+                # daemon from seeing the child's death until this fork had read its text.
+                for fd in {int(name) for name in os.listdir("/proc/self/fd")} - {2, text_in, reply_out}:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
                 _read_one(phonemizer, voice, text_in, reply_out)
                 status = 0
             finally:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from piper.phoneme_ids import phonemes_to_ids
 
 from .errors import BadInput
-from .espeak_worker import ESPEAK
+from .espeak_worker import ESPEAK, TextStalled
 from .textblocks import BLOCK_CHARS, text_blocks
 
 log = logging.getLogger(__name__)
@@ -75,10 +75,13 @@ def espeak_ends_sentence(espeak_voice: str) -> Callable[[str, int], bool]:
     def ends_sentence(text: str, i: int) -> bool:
         before, after = text[max(0, i - _CHECK_CHARS) : i], text[i : i + _CHECK_CHARS]
         try:
-            whole, *cut = (_spoken(read) for read in _read_each(espeak_voice, [before + after, before, after]))
-        except BadInput:  # espeak-ng failed on this stretch: no answer, so not confirmed
+            whole, cut_before, cut_after = (_spoken(read) for read in
+                                            _read_each(espeak_voice, [before + after, before, after]))
+        except TextStalled:  # the text's own fault: refused now, not once per candidate (2 s each)
+            raise
+        except BadInput:  # espeak-ng crashed on this stretch: no answer, so not confirmed
             return False
-        return whole == cut[0] + cut[1]
+        return whole == cut_before + cut_after
 
     return ends_sentence
 

@@ -110,3 +110,16 @@ _FILLER = "The weather was fine all day. "
 ], ids=lambda text: text[-30:])
 def test_long_texts_read_as_piper_reads_them(piper_voice: PiperVoice, text: str) -> None:
     assert edged_ids(piper_voice, text) == piper_ids(piper_voice, text)
+
+
+def test_a_long_text_that_stalls_espeak_is_refused_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each check of a cut treated the stall as "not confirmed" and asked again: up to 9 stalls of
+    # 2 s each (and as many restarts of espeak-ng) before the text's 400.
+    from edged.espeak_worker import ESPEAK, TextStalled
+    from edged.phonemes import sentences
+
+    monkeypatch.setattr(ESPEAK, "timeout_s", 0.0)  # every reading stalls
+    restarts = ESPEAK.restarts
+    with pytest.raises(TextStalled):
+        next(sentences("A sentence that stalls. " * 300, "en-us"))
+    assert ESPEAK.restarts == restarts + 1
