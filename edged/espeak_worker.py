@@ -6,8 +6,9 @@ runs piper-tts's EspeakPhonemizer; this process sends it one block of text at a 
 the phonemes of each sentence. The child reads each text in a fork of itself: espeak-ng keeps state
 from one text to the next (the last dot of "Wait.." was read as the word "dot" at the start of the
 next text; after "4547568<TAB>s" a long number was grouped otherwise), so one client's text changed
-how another's was read. A fork starts from the state the child had after start-up, and a crash
-takes only the fork: that text is refused (BadInput). If the child itself stalls or dies, the next
+how another's was read. A fork starts from the state the child had after start-up (texts given to
+one fork together, by phonemize_each, are read one after another), and a crash takes only the
+fork: that text is refused (BadInput). If the child itself stalls or dies, the next
 call starts a new one; killed from outside while it reads (the OOM killer), the text is asked again.
 
 The child imports piper-tts's phonemizer module without the piper package's __init__, which would
@@ -175,8 +176,9 @@ def _stop(child: subprocess.Popen[bytes]) -> None:
 # -- the child ------------------------------------------------------------------------------------
 
 
-def _phonemizer() -> Any:
-    """piper-tts's EspeakPhonemizer, imported without the piper package's __init__."""
+def _phonemizer() -> tuple[Any, Callable[[str], None]]:
+    """piper-tts's EspeakPhonemizer, imported without the piper package's __init__, and the
+    function that selects its voice."""
     import importlib.util
     import types
 
@@ -190,9 +192,9 @@ def _phonemizer() -> Any:
     from piper.phonemize_espeak import EspeakPhonemizer
 
     phonemizer = EspeakPhonemizer()
-    phonemizer.select_voice = _set_voice_only_on_change(espeakbridge)
+    select_voice = _set_voice_only_on_change(espeakbridge)
     _forget_a_trailing_dot(phonemizer, espeakbridge)
-    return phonemizer
+    return phonemizer, select_voice
 
 
 def _forget_a_trailing_dot(phonemizer: Any, bridge: Any) -> None:
@@ -311,7 +313,7 @@ def main() -> int:
     # of into the replies.
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
-    phonemizer = _phonemizer()
+    phonemizer, select_voice = _phonemizer()
     reader: _Reader | None = None
     exiting: list[_Reader] = []  # forks that have replied, reaped once they have exited
     for line in sys.stdin.buffer:
@@ -321,7 +323,7 @@ def main() -> int:
                 reader.discard()
                 reader = None
             try:  # here, not in the fork: selecting a voice leaks a copy each time
-                phonemizer.select_voice(request["voice"])
+                select_voice(request["voice"])
                 reader = _Reader(phonemizer, request["voice"])
             except Exception as exc:  # noqa: BLE001 (an unknown voice: the parent raises it as BadInput)
                 reply: dict[str, Any] = {"error": str(exc)}

@@ -93,22 +93,26 @@ def sentences(text: str, espeak_voice: str) -> Iterator[list[str]]:
         raise BadInput("text is empty")
     parts = _RAW_PHONEMES.split(text)  # text, [[phonemes]], text, ...
     last = len(parts) // 2  # the text after the last written phonemes (all of it, if none)
-    held: list[str] | None = None  # the last sentence, while phonemes written after it may join it
+    held: list[str] = []  # the last sentence, while phonemes written after it may join it
     for i, part_sentences in enumerate(_sentences_of_each(parts[::2], espeak_voice)):
-        if i:  # phonemes written before this part of the text
-            held = [] if held is None else held
-            held += [" "] * parts[2 * i - 2].endswith(" ") + list(parts[2 * i - 1][2:-2].strip())
-            held += [" "] * parts[2 * i].startswith(" ")
+        if i:
+            held += _written_phonemes(parts, 2 * i - 1)
         for k, sentence in enumerate(part_sentences):
-            if i and not k:  # the first sentence after written phonemes continues theirs
-                held += sentence  # type: ignore[operator]  (held is a list after written phonemes)
+            if i and k == 0:  # the first sentence after written phonemes continues theirs
+                held += sentence
             else:
-                yield from _spoken([held] if held is not None else [])
+                yield from _spoken([held])
                 held = list(sentence)
             if i == last:  # nothing will join it: not held until the next block is read
-                yield from _spoken([held])  # type: ignore[list-item]
-                held = None
-    yield from _spoken([held] if held is not None else [])
+                yield from _spoken([held])
+                held = []
+    yield from _spoken([held])
+
+
+def _written_phonemes(parts: list[str], i: int) -> list[str]:
+    """The phonemes of parts[i] ("[[ ... ]]"), with a space on a side where the text has one."""
+    before, after = [" "] * parts[i - 1].endswith(" "), [" "] * parts[i + 1].startswith(" ")
+    return before + list(parts[i][2:-2].strip()) + after
 
 
 def _sentences_of_each(texts: list[str], espeak_voice: str) -> Iterator[Iterable[list[str]]]:

@@ -1,4 +1,5 @@
-"""Resident memory of a process, as the kernel counts it in /proc/<pid>/status.
+"""Resident memory of a process and the processes it started, as the kernel counts it in
+/proc/<pid>/status (anonymous memory: in /proc/<pid>/smaps_rollup, shared pages shared out).
 
 Anonymous memory (heap, arenas, copied weights) is what a box cannot get back under pressure;
 file pages (memory-mapped weights, shared libraries) are clean and reclaimable. Telling the two
@@ -18,7 +19,7 @@ class MemoryFigures:
     """Resident memory of one process at one moment, in MiB."""
 
     rss: float
-    """All resident pages (anon + file + shmem)."""
+    """All resident pages (anonymous, file and shmem; shared ones counted in each process)."""
     anon: float
     """Resident anonymous pages, each shared page counted in part by each process sharing it
     (Pss_Anon): edged's espeak-ng child keeps a fork of itself ready, which shares its pages."""
@@ -37,9 +38,12 @@ def read_memory(pid: int | str = "self") -> MemoryFigures:
     runs in a child of its own); ProcessLookupError if the process has gone."""
     try:
         text = (Path("/proc") / str(pid) / "status").read_text()
-        shared = _proportional_anon(pid)
     except FileNotFoundError:
         raise ProcessLookupError(f"no process {pid}") from None
+    try:
+        shared = _proportional_anon(pid)
+    except OSError:  # ended meanwhile, another user's, or no smaps_rollup: RssAnon stands
+        shared = None
     total = parse_status(text)
     if shared is not None:
         total = MemoryFigures(**{**asdict(total), "anon": shared})

@@ -14,6 +14,8 @@ import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Literal, Self
 
+from .generations import SCOPES
+
 Status = Literal["hit", "miss", "joined"]
 _tokens = itertools.count()
 
@@ -46,7 +48,7 @@ class Held:
 
 class Flight:
     def __init__(self, max_bytes: int, on_abandon: Callable[[Flight], None],
-                 generations: tuple[int, int, int, int] = (0, 0, 0, 0), tag: str | None = None,
+                 generations: tuple[int, ...] = (0,) * SCOPES, tag: str | None = None,
                  held: Held | None = None, live: bool = True) -> None:
         self.max_bytes = max_bytes
         self.live = live
