@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import IO, Any
 
@@ -242,13 +243,11 @@ class _Reader:
         if self.pid == 0:  # the fork never returns into the child's code, whatever happens
             status = 1
             try:
-                # Only its own pipes and stderr: holding the daemon's (stdin, the replies) kept the
-                # daemon from seeing the child's death until this fork had read its text.
-                for fd in {int(name) for name in os.listdir("/proc/self/fd")} - {2, text_in, reply_out}:
-                    with contextlib.suppress(OSError):
-                        os.close(fd)
+                _keep_only_fds(2, text_in, reply_out)
                 _read_one(phonemizer, voice, text_in, reply_out)
                 status = 0
+            except BaseException:  # noqa: BLE001 (said on stderr; the parent refuses the text)
+                traceback.print_exc()
             finally:
                 os._exit(status)
         os.close(text_in)
@@ -288,6 +287,16 @@ class _Reader:
             os.close(self._text_out)
             os.close(self._reply_in)
         self.reap()
+
+
+def _keep_only_fds(*kept: int) -> None:
+    """Close every other file descriptor. A fork holding the daemon's pipes (stdin, the replies)
+    kept the daemon from seeing its child's death until the fork had read its text."""
+    low = 0
+    for fd in sorted(kept):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, os.sysconf("SC_OPEN_MAX"))
 
 
 def _read_one(phonemizer: Any, voice: str, text_in: int, reply_out: int) -> None:

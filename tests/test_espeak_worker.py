@@ -153,6 +153,13 @@ def test_a_text_that_crashes_espeak_is_not_asked_twice(espeak: EspeakProcess) ->
     assert espeak.restarts == 2
 
 
+def _open_fds(pid: int) -> int:
+    try:
+        return len(list(Path(f"/proc/{pid}/fd").iterdir()))
+    except OSError:  # gone
+        return 0
+
+
 def _running_in_group(group: int) -> list[int]:
     """Processes of a process group that have not ended (zombies wait for their reaper)."""
     found = subprocess.run(["pgrep", "-g", str(group)], capture_output=True, check=False).stdout.split()
@@ -172,10 +179,11 @@ def _ready_fork(espeak: EspeakProcess) -> int:
     assert child is not None
     for _ in range(100):
         forks = [int(pid) for pid in Path(f"/proc/{child.pid}/task/{child.pid}/children").read_text().split()]
-        # The fork that read the last text may still be exiting, or linger as a zombie.
-        live = [pid for pid in forks if Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"]
-        if len(live) == 1:
-            return live[0]
+        # The fork that read the last text may still be exiting (its pipes closed already), or
+        # linger as a zombie; the ready one holds its two pipes besides stderr.
+        ready = [pid for pid in forks if _open_fds(pid) >= 3]
+        if len(ready) == 1:
+            return ready[0]
         time.sleep(0.01)
     raise AssertionError("the child keeps no fork ready")
 

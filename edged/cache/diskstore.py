@@ -163,7 +163,7 @@ class DiskStore:
             known = self._generations.items()
             db.executemany("INSERT INTO edged_generations VALUES (?, ?) ON CONFLICT(scope)"
                            " DO UPDATE SET gen = max(gen, excluded.gen)", known)
-            self._generations.saved([scope for scope, _ in known])
+            self._generations.saved(known)
             self.volume, self.count = cache.volume(), len(cache)
         except BaseException:
             if db is not None:
@@ -365,7 +365,7 @@ class DiskStore:
         Whether none is left to write."""
         pending = self._generations.pending()
         if all(self.save_generation(scope, value) for scope, value in pending):
-            self._generations.saved([scope for scope, _ in pending])
+            self._generations.saved(pending)
             return True
         return False
 

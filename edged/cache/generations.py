@@ -84,9 +84,11 @@ class Generations:
         for scope in list(self._unsaved):  # a copy: the event loop may add to it meanwhile
             self._gens[scope] = max(self._gens.get(scope, 0), stored.get(scope, 0) + 1)
 
-    def saved(self, scopes: list[str]) -> None:
-        """These counters are on disk now."""
-        self._unsaved.difference_update(scopes)
+    def saved(self, written: list[tuple[str, int]]) -> None:
+        """These counters, at these values, are on disk now (one bumped again since stays unsaved)."""
+        for scope, value in written:
+            if self._gens.get(scope, 0) == value:
+                self._unsaved.discard(scope)
 
     def pending(self) -> list[tuple[str, int]]:
         """The counters invalidated but not on disk, everything (ALL) first. (Called on the disk
