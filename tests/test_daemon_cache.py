@@ -6,6 +6,7 @@ from __future__ import annotations
 import grp
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -431,8 +432,13 @@ def test_edgectl_cache_warm_and_clear(cached: Daemon, tmp_path: Path) -> None:
     assert _synth(cached, "Edgectl warm two.").headers["x-edged-cache"] == "hit"
     clear = edgectl("cache", "clear", "--voice", voice, socket_path=cached.socket)
     assert clear.returncode == 0, clear.stderr
-    assert b"cleared voice" in clear.stdout
+    # A voice's entries on disk are stale now (dropped when read); a version's are deleted at once.
+    assert f"cleared voice {voice}: ".encode() in clear.stdout and b"stale on disk" in clear.stdout
     assert _synth(cached, "Edgectl warm two.").headers["x-edged-cache"] == "miss"
+    version = cached.get("/v1/voices").json()["voices"][0]["version"]
+    clear = edgectl("cache", "clear", "--voice", voice, "--version", version, socket_path=cached.socket)
+    assert clear.returncode == 0, clear.stderr
+    assert re.search(rb"\d+ deleted on disk", clear.stdout), clear.stdout
 
 
 def test_a_voice_rebuilt_under_the_same_version_is_not_served_its_old_audio(tmp_path: Path, bundle_dir: Path) -> None:
