@@ -46,6 +46,7 @@ that a stalled text gets its own 400, not a stage timeout for it and for the req
 
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, signal.SIGILL})
 """Signals by which espeak-ng itself fails on a text; any other death (SIGKILL) came from outside."""
+CRASHED = "espeak-ng, which reads the text, crashed on it; it was not spoken"
 
 
 class TextStalled(BadInput):
@@ -104,7 +105,7 @@ class EspeakProcess:
             self._lose(child, "died on a text")
             if -(child.returncode or 0) not in CRASH_SIGNALS:
                 return None
-            raise BadInput("espeak-ng, which reads the text, crashed on it; it was not spoken")
+            raise BadInput(CRASHED)
         try:
             reply: dict[str, Any] = json.loads(line)
         except ValueError:  # out of step with us: its next line could answer another text
@@ -114,7 +115,7 @@ class EspeakProcess:
             if reply["signal"] not in CRASH_SIGNALS:
                 return None
             log.warning("espeak-ng crashed on a text (signal %d); it was refused", reply["signal"])
-            raise BadInput("espeak-ng, which reads the text, crashed on it; it was not spoken")
+            raise BadInput(CRASHED)
         return reply
 
     def close(self) -> None:

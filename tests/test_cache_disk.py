@@ -508,6 +508,31 @@ def test_a_clear_made_while_the_disk_tier_was_off_holds_when_it_comes_back(tmp_p
     run(with_the_tier_off_at_first(lock))
 
 
+def _database_held(directory: Path, seconds: float | None = None) -> sqlite3.Connection:
+    """Another writer holding the cache's database: for `seconds`, else until released."""
+    import threading
+
+    holder = sqlite3.connect(Layout(directory).store / DBNAME, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN EXCLUSIVE")
+    if seconds is not None:
+        threading.Timer(seconds, _released, (holder,)).start()
+    return holder
+
+
+def _released(holder: sqlite3.Connection) -> None:
+    holder.execute("ROLLBACK")
+    holder.close()
+
+
+def _promo_cleared_after_a_restart(cache_settings: CacheSettings) -> None:
+    async def after_a_restart() -> None:
+        cache = await AudioCache.open(cache_settings)
+        assert (await fetch(cache, Producer(), KEY, "promo"))[0] == "miss"
+        await cache.close()
+
+    run(after_a_restart())
+
+
 @pytest.mark.parametrize("then", ["another invalidation", "close"])
 def test_an_invalidation_the_database_missed_is_written_when_it_can_be(tmp_path: Path, then: str) -> None:
     # A clear that could not be written (the database locked here; full, read-only...) held in
@@ -519,11 +544,9 @@ def test_an_invalidation_the_database_missed_is_written_when_it_can_be(tmp_path:
         cache = await AudioCache.open(cache_settings)
         await fetch(cache, Producer(), KEY, "promo")
         await settle(cache)
-        holder = sqlite3.connect(Layout(tmp_path / "cache").store / DBNAME, isolation_level=None)
-        holder.execute("BEGIN EXCLUSIVE")  # another writer holds the database
+        holder = _database_held(tmp_path / "cache")
         assert not (await cache.invalidate(tag="promo")).persisted
-        holder.execute("ROLLBACK")
-        holder.close()
+        _released(holder)
         if then == "another invalidation":  # written then, before the close
             assert (await cache.invalidate(tag="another")).persisted
             with sqlite3.connect(Layout(tmp_path / "cache").store / DBNAME) as db:
@@ -531,50 +554,29 @@ def test_an_invalidation_the_database_missed_is_written_when_it_can_be(tmp_path:
             assert sum("promo" in scope for scope in scopes) == 1
         await cache.close()
 
-    async def after_a_restart() -> None:
-        cache = await AudioCache.open(cache_settings)
-        assert (await fetch(cache, Producer(), KEY, "promo"))[0] == "miss"
-        await cache.close()
-
     run(missed())
-    run(after_a_restart())
+    _promo_cleared_after_a_restart(cache_settings)
 
 
 def test_a_clear_of_everything_written_late_does_not_undo_a_later_one(tmp_path: Path) -> None:
     # A clear of everything the database missed was written after a tag's clear that did get
     # written (and was answered "persisted"): writing ALL deletes every other counter, so the
     # tag's clear was lost at the next start and its audio served again.
-    import threading
-
     cache_settings = CacheSettings(directory=tmp_path / "cache", ttl_seconds=None, disk_timeout_seconds=0.2)
-    database = Layout(tmp_path / "cache").store / DBNAME
-
-    def held(seconds: float | None) -> sqlite3.Connection:
-        holder = sqlite3.connect(database, isolation_level=None, check_same_thread=False)
-        holder.execute("BEGIN EXCLUSIVE")  # another writer holds the database
-        if seconds is not None:
-            threading.Timer(seconds, lambda: (holder.execute("ROLLBACK"), holder.close())).start()
-        return holder
 
     async def clears() -> None:
         cache = await AudioCache.open(cache_settings)
-        holder = held(None)
+        holder = _database_held(tmp_path / "cache")
         assert not (await cache.clear()).persisted
-        holder.execute("ROLLBACK")
-        holder.close()
+        _released(holder)
         await fetch(cache, Producer(), KEY, "promo")
         await settle(cache)
-        held(0.3)  # the pending ALL times out; the tag's counter could be written after it
+        _database_held(tmp_path / "cache", 0.3)  # the pending ALL times out; the tag's could follow
         await cache.invalidate(tag="promo")
         await cache.close()
 
-    async def after_a_restart() -> None:
-        cache = await AudioCache.open(cache_settings)
-        assert (await fetch(cache, Producer(), KEY, "promo"))[0] == "miss"
-        await cache.close()
-
     run(clears())
-    run(after_a_restart())
+    _promo_cleared_after_a_restart(cache_settings)
 
 
 def test_reads_stuck_on_a_stalled_disk_do_not_hold_up_later_requests(tmp_path: Path) -> None:
