@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import pickle
+import shutil
 import sqlite3
 import struct
 import subprocess
@@ -215,6 +216,39 @@ def test_database_overwritten_while_open_never_gives_a_wrong_answer(tmp_path: Pa
         await cache.close()
 
     run(scenario())
+
+
+@pytest.mark.parametrize("how", ["removed", "replaced"])
+def test_cache_directory_removed_while_open_is_opened_anew(tmp_path: Path, how: str,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    # rm -rf of the cache directory to clear it: writes must not go on into the unlinked database
+    # (lost at the next start, with value files outside any database).
+    directory = tmp_path / "cache"
+    before, after = Producer(), Producer()
+    before_key, after_key = CacheKey.make("before", "v", "1"), CacheKey.make("after", "v", "1")
+
+    async def scenario() -> None:
+        cache = await AudioCache.open(CacheSettings(directory=directory, memory_bytes=1, ttl_seconds=None))
+        await fetch(cache, before, before_key)
+        await settle(cache)
+        if how == "removed":
+            shutil.rmtree(directory)
+        else:  # moved away and an empty directory put in its place
+            directory.rename(tmp_path / "old")
+            directory.mkdir(mode=0o700)
+        await fetch(cache, after, after_key)
+        await settle(cache)
+        assert cache.stats().disk_state == "ok"
+        await cache.close()
+        cache = await AudioCache.open(CacheSettings(directory=directory, memory_bytes=1, ttl_seconds=None))
+        assert await fetch(cache, after, after_key) == ("hit", after.whole)  # stored where it lasts
+        assert await fetch(cache, before, before_key) == ("miss", before.whole)
+        await cache.close()
+
+    with caplog.at_level(logging.WARNING):
+        run(scenario())
+    assert warnings_logged(caplog, "removed or replaced while in use") == 1
+    assert len(value_files(directory)) == 2  # "after" and "before" again: none outside the database
 
 
 def _put(store: DiskStore, name: str, size: int = 40_000) -> CachedAudio:

@@ -15,6 +15,9 @@ Faults, and what happens:
   A directory that cannot be opened at all leaves the tier off (memory-only).
 - A corrupted database (not a database, malformed pages): moved aside to `corrupt/` and rebuilt
   empty; the old value files are moved out of the way and deleted by `repair()`.
+- The directory removed or replaced while open (`rm -rf` to clear it): SQLite would go on writing
+  to the unlinked database, lost at the next start, with value files outside any database. The
+  next write sees that the database file is another (or gone) and opens the directory anew.
 """
 
 from __future__ import annotations
@@ -83,6 +86,8 @@ class DiskStore:
         self._paused_until = 0.0
         self._closed = False
         self._logged: set[str] = set()
+        self._db_file: tuple[int, int] | None = None
+        """(device, inode) of the database file opened: another one there means it was replaced."""
 
     @classmethod
     def open(cls, settings: CacheSettings, generations: Generations,
@@ -165,6 +170,7 @@ class DiskStore:
                            " DO UPDATE SET gen = max(gen, excluded.gen)", known)
             self._generations.saved(known)
             self.volume, self.count = cache.volume(), len(cache)
+            self._db_file = _file_identity(self.directory / DBNAME)
         except BaseException:
             if db is not None:
                 db.close()
@@ -205,6 +211,18 @@ class DiskStore:
                 self._close_connections()
                 self.state = "off"
                 self._log_once("recover", "cache could not be rebuilt, memory only: %s", again)
+
+    def _reopen_if_replaced(self) -> None:
+        """Open the directory anew if its database file is no longer the one open (for the writer
+        thread; a stat per write). Entries stored before are gone with the old directory."""
+        if self._cache is None or _file_identity(self.directory / DBNAME) == self._db_file:
+            return
+        log.warning("cache database %s was removed or replaced while in use: opening the cache "
+                    "directory anew (entries stored before are gone)", self.directory / DBNAME)
+        with self._lock:
+            self._close_connections()
+            self._release()
+        self._open()
 
     def _mark_open(self) -> None:
         try:
@@ -291,6 +309,7 @@ class DiskStore:
     # -- writes (the facade runs these on its single writer thread) ----------------------------
 
     def put(self, entry: record.CachedAudio, expire: float | None) -> bool:
+        self._reopen_if_replaced()
         cache = self._cache
         if cache is None:
             return False
@@ -416,6 +435,14 @@ class DiskStore:
         if what not in self._logged:
             self._logged.add(what)
             log.warning(message, *args)
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
 
 
 def voice_tag(voice: str, version: str) -> str:
