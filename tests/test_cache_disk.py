@@ -4,6 +4,7 @@ and entries, tampered rows; eviction order and directory permissions."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import os
@@ -218,7 +219,7 @@ def test_database_overwritten_while_open_never_gives_a_wrong_answer(tmp_path: Pa
     run(scenario())
 
 
-@pytest.mark.parametrize("how", ["removed", "replaced"])
+@pytest.mark.parametrize("how", ["removed", "replaced", "database removed"])
 def test_cache_directory_removed_while_open_is_opened_anew(tmp_path: Path, how: str,
                                                             caplog: pytest.LogCaptureFixture) -> None:
     # rm -rf of the cache directory to clear it: writes must not go on into the unlinked database
@@ -233,9 +234,12 @@ def test_cache_directory_removed_while_open_is_opened_anew(tmp_path: Path, how: 
         await settle(cache)
         if how == "removed":
             shutil.rmtree(directory)
-        else:  # moved away and an empty directory put in its place
+        elif how == "replaced":  # moved away and an empty directory put in its place
             directory.rename(tmp_path / "old")
             directory.mkdir(mode=0o700)
+        else:  # its value files are left without a database: repaired away
+            for path in database(directory).parent.glob(DBNAME + "*"):
+                path.unlink()
         await fetch(cache, after, after_key)
         await settle(cache)
         assert cache.stats().disk_state == "ok"
@@ -249,6 +253,22 @@ def test_cache_directory_removed_while_open_is_opened_anew(tmp_path: Path, how: 
         run(scenario())
     assert warnings_logged(caplog, "removed or replaced while in use") == 1
     assert len(value_files(directory)) == 2  # "after" and "before" again: none outside the database
+
+
+def test_writes_paused_in_a_removed_directory_go_on_in_the_new_one(tmp_path: Path) -> None:
+    # A full disk pauses writes; removing the directory to make room must not leave them paused.
+    directory = tmp_path / "cache"
+    store = DiskStore.open(CacheSettings(directory=directory, write_retry_seconds=3600), Generations())
+    _put(store, "before")
+    store._store_failed(OSError(errno.ENOSPC, "No space left on device"))
+    assert store.state == "paused"
+    shutil.rmtree(directory)
+    entry = _put(store, "after")  # asserts it is stored
+    assert store.state == "ok" and store.stats.store_skipped == 0
+    store.close()
+    store = DiskStore.open(CacheSettings(directory=directory), Generations())
+    assert store.get(entry.meta.key) == entry
+    store.close()
 
 
 def _put(store: DiskStore, name: str, size: int = 40_000) -> CachedAudio:

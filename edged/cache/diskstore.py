@@ -64,6 +64,9 @@ class DiskStats:
 
 
 class DiskStore:
+    """Writes, touches, invalidations and (re)opening run on the facade's one writer thread; get()
+    runs on reader threads and may rebuild a corrupted database itself."""
+
     def __init__(self, settings: CacheSettings, generations: Generations,
                  eviction_policy: EvictionPolicy = "least-recently-stored") -> None:
         self.settings = settings
@@ -82,8 +85,10 @@ class DiskStore:
         self._lock_fd: int | None = None
         self._db: sqlite3.Connection | None = None
         self._db_lock = threading.Lock()
-        self._lock = threading.Lock()
-        self._paused_until = 0.0
+        self._reconnect_lock = threading.Lock()
+        """Held while the connections are replaced, so that one reopening or rebuild runs at a time."""
+        self._retry_after = 0.0
+        """No write, and no opening of a tier left off, is tried before this (time.monotonic)."""
         self._closed = False
         self._logged: set[str] = set()
         self._db_file: tuple[int, int] | None = None
@@ -116,7 +121,7 @@ class DiskStore:
             self._close_connections()
             self._release()
             self.state = "off"
-            self._paused_until = time.monotonic() + self.settings.write_retry_seconds
+            self._retry_after = time.monotonic() + self.settings.write_retry_seconds
             self._log_once("open", "cache directory %s unusable, caching in memory only: %s",
                            self.layout.directory, error)
             return
@@ -139,14 +144,13 @@ class DiskStore:
     def retry_open(self) -> None:
         """Open again a tier left off (full disk: SQLite cannot even create its WAL), at most
         every `write_retry_seconds`; repair if needed. For the writer thread."""
-        if self.state != "off" or self._closed or time.monotonic() < self._paused_until:
+        if self.state != "off" or self._closed or time.monotonic() < self._retry_after:
             return
         self._open()
         if self.state == "ok":
             log.info("cache directory %s usable again", self.directory)
             self._logged.discard("open")
-            if self.needs_repair:
-                self.repair()
+            self._repair_if_needed()
 
     def _connect(self) -> None:
         cache = diskcache.Cache(
@@ -200,7 +204,7 @@ class DiskStore:
                     self.directory / DBNAME, error, corrupt)
 
     def _recover(self, error: sqlite3.DatabaseError) -> None:
-        with self._lock:
+        with self._reconnect_lock:
             if self._cache is None:
                 return
             try:
@@ -213,16 +217,32 @@ class DiskStore:
                 self._log_once("recover", "cache could not be rebuilt, memory only: %s", again)
 
     def _reopen_if_replaced(self) -> None:
-        """Open the directory anew if its database file is no longer the one open (for the writer
-        thread; a stat per write). Entries stored before are gone with the old directory."""
-        if self._cache is None or _file_identity(self.directory / DBNAME) == self._db_file:
+        """Open the directory anew if its database file is no longer the one open (one stat per
+        write). Entries stored before are no longer served (gone, or in the directory moved away)."""
+        if self._cache is None or not self._replaced():
             return
-        log.warning("cache database %s was removed or replaced while in use: opening the cache "
-                    "directory anew (entries stored before are gone)", self.directory / DBNAME)
-        with self._lock:
+        with self._reconnect_lock:
+            if self._cache is None or not self._replaced():
+                return  # a reader rebuilt a corrupted database meanwhile
+            log.warning("cache database %s was removed or replaced while in use: opening the cache "
+                        "directory anew", self.directory / DBNAME)
             self._close_connections()
             self._release()
-        self._open()
+            self._resume_writes()  # a pause (a full disk, say) was the old directory's
+            self._open()
+        self._repair_if_needed()  # only the database removed: its value files are orphans
+
+    def _replaced(self) -> bool:
+        return _file_identity(self.directory / DBNAME) != self._db_file
+
+    def _repair_if_needed(self) -> None:
+        if self.state == "ok" and self.needs_repair:
+            self.repair()
+
+    def _resume_writes(self) -> None:
+        """Writes go on at once, and their next failure is logged again."""
+        self._retry_after = 0.0
+        self._logged.difference_update(faults.PAUSING)
 
     def _mark_open(self) -> None:
         try:
@@ -309,11 +329,13 @@ class DiskStore:
     # -- writes (the facade runs these on its single writer thread) ----------------------------
 
     def put(self, entry: record.CachedAudio, expire: float | None) -> bool:
+        """Store one entry; False if it was not stored (tier off or paused, or the write failed).
+        A directory removed or replaced under us is opened anew first."""
         self._reopen_if_replaced()
         cache = self._cache
         if cache is None:
             return False
-        if self._paused_until > time.monotonic():
+        if self._retry_after > time.monotonic():
             self.stats.store_skipped += 1
             return False
         meta = entry.meta
@@ -334,7 +356,7 @@ class DiskStore:
         self._refresh_volume(cache)
         if self.state == "paused":
             self.state = "ok"
-            self._logged.difference_update({"disk_full", "unwritable", "io_error"})
+            self._resume_writes()
             log.info("cache writes to %s work again", self.directory)
             self.save_pending()
         return True
@@ -426,7 +448,7 @@ class DiskStore:
             return
         if reason == "busy":
             return
-        self._paused_until = time.monotonic() + self.settings.write_retry_seconds
+        self._retry_after = time.monotonic() + self.settings.write_retry_seconds
         self.state = "paused"
         self._log_once(reason, "cache write to %s failed (%s), serving without storing: %s",
                        self.directory, reason, error)

@@ -8,6 +8,8 @@ import sqlite3
 import diskcache  # type: ignore[import-untyped]  # no type hints in 5.6.3
 
 CORRUPT_CODES = ("SQLITE_CORRUPT", "SQLITE_NOTADB")
+PAUSING = ("disk_full", "unwritable", "io_error")
+"""The reasons that pause writes for a while (busy is tried again at once, corrupt rebuilds)."""
 
 
 def sqlite_code(error: BaseException) -> str:
