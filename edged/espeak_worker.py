@@ -2,8 +2,8 @@
 
 espeak-ng (inside piper-tts's phonemizer) segfaults on some texts: long runs of dotted letters,
 long words made of a repeated suffix ("nessnessness..."), and who knows what else. A child process
-runs piper-tts's EspeakPhonemizer; this process sends it one block of text at a time and gets back
-the phonemes of each sentence. The child reads each text in a fork of itself: espeak-ng keeps state
+runs piper-tts's EspeakPhonemizer; this process sends it one batch of texts (blocks of a long text,
+or one text) at a time and gets back the phonemes of each sentence. The child reads each text in a fork of itself: espeak-ng keeps state
 from one text to the next (the last dot of "Wait.." was read as the word "dot" at the start of the
 next text; after "4547568<TAB>s" a long number was grouped otherwise), so one client's text changed
 how another's was read. A fork starts from the state the child had after start-up (texts given to
@@ -82,6 +82,8 @@ class EspeakProcess:
                     break
             else:
                 raise NotReady("espeak-ng, which reads the text, was killed twice while reading it; try again")
+        if "unavailable" in reply:
+            raise NotReady(f"espeak-ng could not start reading the text ({reply['unavailable']}); try again")
         if "error" in reply:
             raise BadInput(f"espeak-ng could not read the text: {reply['error']}")
         return reply["sentences"]  # type: ignore[no-any-return]
@@ -103,7 +105,7 @@ class EspeakProcess:
             raise TextStalled(f"espeak-ng took over {self.timeout_s:g} s to read this text; it was not spoken")
         if not line:
             self._lose(child, "died on a text")
-            if -(child.returncode or 0) not in CRASH_SIGNALS:
+            if not _died_of_crash(child.returncode):
                 return None
             raise BadInput(CRASHED)
         try:
@@ -143,6 +145,12 @@ class EspeakProcess:
 ESPEAK = EspeakProcess()
 """The process's one espeak-ng (edged.phonemes uses it); no child runs until it is first needed."""
 atexit.register(ESPEAK.close)
+
+
+def _died_of_crash(returncode: int | None) -> bool:
+    """Whether a process died of a signal espeak-ng raises itself (Popen reports -signal); any
+    other end (killed from outside, or failed itself) is worth one more try."""
+    return returncode is not None and returncode < 0 and -returncode in CRASH_SIGNALS
 
 
 def _read_line(stream: IO[bytes], deadline: float) -> bytes | None:
@@ -230,22 +238,28 @@ def _set_voice_only_on_change(bridge: Any) -> Callable[[str], None]:
     return set_voice  # type: ignore[no-any-return]
 
 
-class _Reader:
-    """A fork of the child that reads one text, or a few one after another (see the module's
-    docstring). It is forked ahead of them, once the reader before has replied, and is not waited
-    for as it exits. A text still costs ~3 ms more than read in place (3.5 against 0.5 ms for a
-    short one): the pages both processes write to after the fork are copied."""
+class _Fork:
+    """A fork of the child that phonemizes one request's texts, one after another (see the
+    module's docstring). It is made ahead of them, once the fork before has replied, and reaped
+    later without blocking (`exiting` in main). A text still costs ~3 ms more than read in place
+    (3.5 against 0.5 ms for a short one): the pages both processes write to after the fork are
+    copied."""
 
     def __init__(self, phonemizer: Any, voice: str) -> None:
         self.voice = voice
         text_in, self._text_out = os.pipe()
         self._reply_in, reply_out = os.pipe()
-        self.pid = os.fork()
+        try:
+            self.pid = os.fork()
+        except OSError:  # out of processes or memory: the caller says so; no pipe is kept
+            for fd in (text_in, self._text_out, self._reply_in, reply_out):
+                os.close(fd)
+            raise
         if self.pid == 0:  # the fork never returns into the child's code, whatever happens
             status = 1
             try:
                 _keep_only_fds(2, text_in, reply_out)
-                _read_one(phonemizer, voice, text_in, reply_out)
+                _serve_request(phonemizer, voice, text_in, reply_out)
                 status = 0
             except BaseException:  # noqa: BLE001 (said on stderr; the parent refuses the text)
                 traceback.print_exc()
@@ -254,7 +268,7 @@ class _Reader:
         os.close(text_in)
         os.close(reply_out)
 
-    def read(self, texts: list[str]) -> dict[str, Any]:
+    def phonemize(self, texts: list[str]) -> dict[str, Any]:
         """The sentences of each text, {"error": why} if espeak-ng refused one, {"signal": n} if
         the fork died."""
         try:
@@ -263,7 +277,7 @@ class _Reader:
         except BrokenPipeError:  # it was killed while it waited: told below
             pass
         with os.fdopen(self._reply_in, "rb") as answer:
-            written = answer.read()  # to the fork's closing it: it exits after, unwaited for
+            written = answer.read()  # to the fork's closing it: it exits after (reaped later)
         try:
             return json.loads(written)  # type: ignore[no-any-return]
         except ValueError:  # nothing, or cut short: it died, or failed (out of memory, say)
@@ -271,7 +285,7 @@ class _Reader:
             self.pid = 0
             if os.WIFSIGNALED(status):
                 return {"signal": os.WTERMSIG(status)}
-            return {"error": f"its reader failed (exit status {os.WEXITSTATUS(status)})"}
+            return {"error": f"its fork failed (exit status {os.WEXITSTATUS(status)})"}
 
     def reap(self, wait: bool = True) -> bool:
         """Whether the fork has exited (and is reaped); without `wait`, only if it has already."""
@@ -283,7 +297,7 @@ class _Reader:
         return True
 
     def discard(self) -> None:
-        """Stop a reader that was given no text."""
+        """Stop a fork that was given no text."""
         with contextlib.suppress(OSError):
             os.close(self._text_out)
             os.close(self._reply_in)
@@ -300,7 +314,7 @@ def _keep_only_fds(*kept: int) -> None:
     os.closerange(low, os.sysconf("SC_OPEN_MAX"))
 
 
-def _read_one(phonemizer: Any, voice: str, text_in: int, reply_out: int) -> None:
+def _serve_request(phonemizer: Any, voice: str, text_in: int, reply_out: int) -> None:
     """In the fork: wait for the texts, read them, reply (the caller exits, without cleanup)."""
     with os.fdopen(text_in, "rb") as incoming:
         request = incoming.read()
@@ -324,29 +338,35 @@ def main() -> int:
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     phonemizer, select_voice = _phonemizer()
-    reader: _Reader | None = None
-    exiting: list[_Reader] = []  # forks that have replied, reaped once they have exited
+    fork: _Fork | None = None
+    exiting: list[_Fork] = []  # forks that have replied, reaped once they have exited
     for line in sys.stdin.buffer:
         request = json.loads(line)
-        if reader is None or reader.voice != request["voice"]:
-            if reader is not None:
-                reader.discard()
-                reader = None
-            try:  # here, not in the fork: selecting a voice leaks a copy each time
-                select_voice(request["voice"])
-                reader = _Reader(phonemizer, request["voice"])
-            except Exception as exc:  # noqa: BLE001 (an unknown voice: the parent raises it as BadInput)
-                reply: dict[str, Any] = {"error": str(exc)}
-        if reader is not None:
-            reply = reader.read(request["texts"])
+        if fork is not None and fork.voice != request["voice"]:
+            fork.discard()
+            fork = None
+        reply: dict[str, Any]
+        used: _Fork | None = None
+        try:
+            if fork is None:
+                select_voice(request["voice"])  # here, not in the fork: selecting leaks a copy each time
+                fork = _Fork(phonemizer, request["voice"])
+        except OSError as exc:  # no fork (out of processes or memory): not the text's fault
+            reply = {"unavailable": str(exc)}
+        except Exception as exc:  # noqa: BLE001 (an unknown voice: the parent raises it as BadInput)
+            reply = {"error": str(exc)}
+        else:
+            reply = fork.phonemize(request["texts"])
+            used, fork = fork, None
         replies.write(json.dumps(reply).encode("ascii") + b"\n")
         replies.flush()
-        if reader is not None:  # the next text's reader, while the parent has the reply
-            exiting.append(reader)
-            reader = _Reader(phonemizer, reader.voice)
+        if used is not None:  # the next request's fork, while the parent has the reply
+            exiting.append(used)
+            with contextlib.suppress(OSError):  # none now (out of processes): the next request tries
+                fork = _Fork(phonemizer, used.voice)
         exiting = [done for done in exiting if not done.reap(wait=False)]
-    if reader is not None:
-        reader.discard()
+    if fork is not None:
+        fork.discard()
     return 0
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -218,3 +220,50 @@ def test_a_fork_whose_child_was_killed_ends_and_the_text_is_read_again(espeak: E
     assert len(results) == 1 and len(results[0]) == 6000  # asked again of a new child, and read
     time.sleep(1.5)  # the old fork has had time to finish its reading
     assert _running_in_group(child.pid) == []
+
+
+FORK_FAILS = """
+import errno, os, sys
+real_fork, calls = os.fork, [0]
+def fork():  # the 2nd and 3rd forks fail, as under a process limit
+    calls[0] += 1
+    if calls[0] in (2, 3):
+        raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+    return real_fork()
+os.fork = fork
+from edged.espeak_worker import main
+sys.exit(main())
+"""
+
+
+def test_a_fork_that_cannot_be_made_refuses_one_text_and_keeps_nothing_open() -> None:
+    # Out of processes (EAGAIN): the fork made ahead after a reply, then the one made for the next
+    # request, fail. That request is refused (not as bad input); the child lives on, without the
+    # pipes of either.
+    child = subprocess.Popen([sys.executable, "-c", FORK_FAILS], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert child.stdin is not None and child.stdout is not None
+
+    def ask(text: str) -> dict:
+        child.stdin.write(json.dumps({"voice": "en-us", "texts": [text]}).encode() + b"\n")  # type: ignore[union-attr]
+        child.stdin.flush()  # type: ignore[union-attr]
+        return json.loads(child.stdout.readline())  # type: ignore[union-attr]
+
+    def open_fds_settle_at(count: int) -> bool:  # forks are made after the reply: wait for them
+        deadline = time.monotonic() + 5
+        while len(os.listdir(f"/proc/{child.pid}/fd")) != count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return len(os.listdir(f"/proc/{child.pid}/fd")) == count
+
+    own = 4  # stdin, stdout, stderr and the copy of stdout that replies go out on
+    try:
+        first = ask("The water is warm.")
+        assert "Resource temporarily unavailable" in ask("The water is warm.")["unavailable"]  # 503 in the parent
+        assert open_fds_settle_at(own)  # neither fork that failed keeps its pipes
+        assert ask("The water is warm.") == first
+        assert child.poll() is None
+        assert open_fds_settle_at(own + 2)  # its ends of the pipes of the fork made ahead
+    finally:
+        child.stdin.close()
+        child.wait(10)
+        child.stdout.close()
