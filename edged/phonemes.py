@@ -201,7 +201,7 @@ def split_pieces(phonemes: list[str], limits: PieceLimits) -> list[list[str]]:
 def _last_boundary(phonemes: list[str], limit: int) -> int:
     """Index just after the last clause end within `limit`, else the last space, else `limit`."""
     last_space = 0
-    for i in range(min(limit, len(phonemes) - 1), 0, -1):
+    for i in range(min(limit, len(phonemes)) - 1, 0, -1):  # a piece ends with the space at i
         if phonemes[i] == " ":
             if phonemes[i - 1] in _CLAUSE_END:
                 return i + 1

@@ -117,6 +117,17 @@ def test_sentence_without_clauses_is_cut_at_a_word_end() -> None:
     assert all(p[-1] == " " for p in pieces[:-1]) and all(len(p) <= 7 for p in pieces)
 
 
+@pytest.mark.parametrize(("text", "first", "later"), [
+    ("aaaa, " + "b" * 20, 5, 5),  # a clause end just past the limit
+    ("a" * 5 + " " + "b" * 4 + " " + "c" * 6, 10, 5),  # a word end just past it
+])
+def test_pieces_never_pass_the_limit_by_the_space_after_them(text: str, first: int, later: int) -> None:
+    phonemes = list(text)
+    pieces = split_pieces(phonemes, PieceLimits(first_piece_max=first, piece_max=later))
+    assert sum(pieces, []) == phonemes
+    assert len(pieces[0]) <= first and all(len(p) <= later for p in pieces[1:])
+
+
 def test_short_sentence_is_never_cut() -> None:
     phonemes = list("hello, world")
     assert split_pieces(phonemes, PieceLimits()) == [phonemes]
