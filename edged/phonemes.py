@@ -1,10 +1,10 @@
 """Text -> sentences -> phoneme ids, exactly as Piper makes them (its espeak-ng bridge and id map).
 
 Long text is phonemized a block at a time (edged.textblocks), so the first sentence is ready at
-once and memory does not grow with the text. Long sentences are cut at clause boundaries into *pieces*, each run through
-the front graph on its own: the VITS text encoder attends over its whole input, so its cost grows
-with input length and no exact streaming of it is possible; cutting at a comma is where a speaker
-would pause anyway. Sentences no longer than `first_piece_max` are never cut, which keeps their ids
+once and memory does not grow with the text. Long sentences are cut at clause boundaries into
+*pieces*, each run through the front graph on its own: the VITS text encoder attends over its whole
+input, so its cost grows with input length and no exact streaming of it is possible; cutting at a
+comma is where a speaker would pause anyway. Sentences no longer than `first_piece_max` are never cut, which keeps their ids
 identical to Piper's.
 """
 
@@ -18,38 +18,14 @@ from dataclasses import dataclass
 from piper.phoneme_ids import phonemes_to_ids
 
 from .errors import BadInput
+from .espeak_safety import safe_for_espeak
 from .espeak_worker import ESPEAK, TextStalled
 from .textblocks import BLOCK_CHARS, text_blocks
 
 log = logging.getLogger(__name__)
 
-_CHECK_CHARS = 100
-"""Text read on each side of a candidate cut: a few sentences. What decides a sentence end in
-espeak-ng lies within a few words of it."""
-_CLAUSE_END = {",", ";", ":"}
 _RAW_PHONEMES = re.compile(r"(\[\[.*?\]\])")
 """Phonemes written out in a text, as piper-tts reads them: "[[" and "]]" on one line."""
-_DOTTED_LETTER = r"(?<![^\W_])([^\W_])[^\w.]*\.[\W_]*"
-"""One letter (or digit) standing alone, a dot after it (spaces, soft hyphens... between them),
-and whatever non-letters follow."""
-_LETTER_CHAIN = re.compile(f"(?:{_DOTTED_LETTER}){{2,}}")
-"""Several of them in a row ("a.b.c.d...", "k . e . m", "a.b.-c.d.", "a..b..c"): espeak-ng reads such
-a run as one abbreviation and crashes (segfault: an 80-byte buffer in CheckDottedAbbrev) when it is
-long: from ~97 ASCII letters, ~26 letters of 4 UTF-8 bytes, fewer with combining marks between."""
-_CHAIN_LIMITS = (20, 40)
-"""A run of this many letters, or whose letters and marks (spaces and ASCII punctuation not counted)
-take this many UTF-8 bytes, is spelled out; shorter ones ("U.S.A.", "e.g.", "A. B., C. D.") are
-left to espeak-ng, so that their ids stay Piper's."""
-_NOT_COUNTED = re.compile(r"[\s!-/:-@\[-`{-~]")
-_MAX_RUN = 128
-_UNBROKEN = re.compile(r"[^\s\u0e00-\u0fff\u1000-\u109f\u1780-\u17ff\u3000-\u9fff\uf900-\ufaff\uff00-\uffef"
-                       rf"\U00020000-\U0003ffff]{{{_MAX_RUN + 1},}}")
-"""Over 128 characters without a space, in scripts that separate words with spaces (not Thai, Lao,
-Tibetan, Myanmar, Khmer, Chinese, Japanese). espeak-ng crashes (a buffer overrun in TranslateWord3)
-on a word that stacks ~70 suffixes: "hope" + "'s" * 70 (144 characters) is the shortest found.
-Runs of up to 128 (URLs, hashes, e-mail addresses, compounds) are left whole, as Piper reads them."""
-_BREAK_AFTER = "/-._,;:?&=+"
-"""Where such a run is best broken: a URL or a hyphenated compound then reads part by part."""
 
 
 @dataclass(frozen=True)
@@ -67,23 +43,18 @@ def start_espeak() -> None:
     ESPEAK.start()
 
 
-def espeak_ends_sentence(espeak_voice: str) -> Callable[[str, int], bool]:
-    """Whether espeak-ng ends a sentence at text[i], asked of espeak-ng itself: it reads the text
-    around i whole and cut at i, and the two must give the same spoken sentences (cut after a
-    closing quote, espeak-ng adds an empty one)."""
-
-    def ends_sentence(text: str, i: int) -> bool:
-        before, after = text[max(0, i - _CHECK_CHARS) : i], text[i : i + _CHECK_CHARS]
-        try:
-            whole, cut_before, cut_after = (_spoken(read) for read in
-                                            _read_each(espeak_voice, [before + after, before, after]))
-        except TextStalled:  # the text's own fault: refused now, not once per candidate (2 s each)
-            raise
-        except BadInput:  # espeak-ng crashed on this stretch: no answer, so not confirmed
-            return False
-        return whole == cut_before + cut_after
-
-    return ends_sentence
+def pieces_ids(
+    text: str, espeak_voice: str, id_map: dict[str, list[int]], limits: PieceLimits
+) -> Iterator[list[int]]:
+    """Phoneme ids of every piece of every sentence, in order, produced lazily. Phonemes the voice
+    has no id for are skipped, as Piper skips them (but without a warning for each: phonemes
+    written out in a text could fill the log)."""
+    for phonemes in sentences(text, espeak_voice):
+        known = [p for p in phonemes if p in id_map]
+        if len(known) < len(phonemes):
+            log.debug("%d phoneme(s) the voice has no id for were skipped", len(phonemes) - len(known))
+        for piece in split_pieces(known, limits):
+            yield phonemes_to_ids(piece, id_map)
 
 
 def sentences(text: str, espeak_voice: str) -> Iterator[list[str]]:
@@ -140,7 +111,7 @@ def _sentences_of_each(texts: list[str], espeak_voice: str) -> Iterator[Iterable
 
 def _read_each(espeak_voice: str, texts: list[str]) -> list[list[list[str]]]:
     """espeak-ng's phonemes of each sentence of each text (see EspeakProcess.phonemize_each)."""
-    return ESPEAK.phonemize_each(espeak_voice, [_safe_for_espeak(text) for text in texts])
+    return ESPEAK.phonemize_each(espeak_voice, [safe_for_espeak(text) for text in texts])
 
 
 def _spoken(sentences: list[list[str]]) -> list[list[str]]:
@@ -148,40 +119,31 @@ def _spoken(sentences: list[list[str]]) -> list[list[str]]:
     return [s for s in sentences if any(p.isalpha() for p in s)]
 
 
-def _safe_for_espeak(text: str) -> str:
-    """Text that espeak-ng can take (see _LETTER_CHAIN, _UNBROKEN; found by fuzzing): a long run of
-    dotted letters spelled one by one ("a. b. c. "), which is how espeak-ng reads them anyway; a run
-    of over 128 characters without a space broken up (see _broken_up); NUL (which its C API cannot carry) as a space. Short runs
-    such as "e.g." or "U.S.A." and real words are left alone, so ids still match Piper's. What still
-    crashes it only costs its own process (edged.espeak_worker)."""
-    text = _LETTER_CHAIN.sub(_spelled_if_long, text)
-    text = _UNBROKEN.sub(_broken_up, text)
-    return text.replace("\0", " ")
+_CHECK_CHARS = 100
+"""Text read on each side of a candidate cut: a few sentences. What decides a sentence end in
+espeak-ng lies within a few words of it."""
 
 
-_ONE_DOTTED_LETTER = re.compile(_DOTTED_LETTER)
+def espeak_ends_sentence(espeak_voice: str) -> Callable[[str, int], bool]:
+    """Whether espeak-ng ends a sentence at text[i], asked of espeak-ng itself: it reads the text
+    around i whole and cut at i, and the two must give the same spoken sentences (cut after a
+    closing quote, espeak-ng adds an empty one)."""
+
+    def ends_sentence(text: str, i: int) -> bool:
+        before, after = text[max(0, i - _CHECK_CHARS) : i], text[i : i + _CHECK_CHARS]
+        try:
+            whole, cut_before, cut_after = (_spoken(read) for read in
+                                            _read_each(espeak_voice, [before + after, before, after]))
+        except TextStalled:  # the text's own fault: refused now, not once per candidate (2 s each)
+            raise
+        except BadInput:  # espeak-ng crashed on this stretch: no answer, so not confirmed
+            return False
+        return whole == cut_before + cut_after
+
+    return ends_sentence
 
 
-def _broken_up(run: re.Match[str]) -> str:
-    """The run with a space at most every _MAX_RUN characters: after the last of _BREAK_AFTER in
-    each stretch that has one, else after its _MAX_RUN-th character."""
-    rest, parts = run.group(), []
-    while len(rest) > _MAX_RUN:
-        stretch = rest[:_MAX_RUN]
-        cut = max(stretch.rfind(c) for c in _BREAK_AFTER) + 1 or _MAX_RUN
-        parts.append(rest[:cut])
-        rest = rest[cut:]
-    parts.append(rest)
-    return " ".join(parts)
-
-
-def _spelled_if_long(run: re.Match[str]) -> str:
-    letters, max_bytes = _CHAIN_LIMITS
-    chain = run.group()
-    counted = _NOT_COUNTED.sub("", chain).encode("utf-8", "replace")
-    if len(_ONE_DOTTED_LETTER.findall(chain)) < letters and len(counted) < max_bytes:
-        return chain
-    return _ONE_DOTTED_LETTER.sub(r"\1. ", chain)
+_CLAUSE_END = {",", ";", ":"}
 
 
 def split_pieces(phonemes: list[str], limits: PieceLimits) -> list[list[str]]:
@@ -207,17 +169,3 @@ def _last_boundary(phonemes: list[str], limit: int) -> int:
                 return i + 1
             last_space = last_space or i + 1
     return last_space or limit
-
-
-def pieces_ids(
-    text: str, espeak_voice: str, id_map: dict[str, list[int]], limits: PieceLimits
-) -> Iterator[list[int]]:
-    """Phoneme ids of every piece of every sentence, in order, produced lazily. Phonemes the voice
-    has no id for are skipped, as Piper skips them (but without a warning for each: phonemes
-    written out in a text could fill the log)."""
-    for phonemes in sentences(text, espeak_voice):
-        known = [p for p in phonemes if p in id_map]
-        if len(known) < len(phonemes):
-            log.debug("%d phoneme(s) the voice has no id for were skipped", len(phonemes) - len(known))
-        for piece in split_pieces(known, limits):
-            yield phonemes_to_ids(piece, id_map)

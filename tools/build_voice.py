@@ -38,7 +38,9 @@ REPO = Path(__file__).resolve().parent.parent
 # What the bundle's bytes depend on: a change to any of these makes `--if-stale` rebuild.
 BUILDER_FILES = ("build_voice.py", "graphs.py", "quantize.py", "quantize_report.py",
                  "calibration.txt", "quantize_sweep.json")
-ENGINE_FILES = ("edged/bundle.py", "edged/engine.py", "edged/phonemes.py", "edged/windows.py")
+ENGINE_FILES = ("edged/bundle.py", "edged/engine.py", "edged/windows.py",
+                # the calibration's phoneme ids come through these
+                "edged/phonemes.py", "edged/espeak_safety.py", "edged/espeak_worker.py", "edged/textblocks.py")
 DEFAULT_OUT = REPO / "models"
 
 
