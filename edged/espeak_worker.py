@@ -3,13 +3,14 @@
 espeak-ng (inside piper-tts's phonemizer) segfaults on some texts: long runs of dotted letters,
 long words made of a repeated suffix ("nessnessness..."), and who knows what else. A child process
 runs piper-tts's EspeakPhonemizer; this process sends it one batch of texts (blocks of a long text,
-or one text) at a time and gets back the phonemes of each sentence. The child reads each text in a fork of itself: espeak-ng keeps state
-from one text to the next (the last dot of "Wait.." was read as the word "dot" at the start of the
-next text; after "4547568<TAB>s" a long number was grouped otherwise), so one client's text changed
-how another's was read. A fork starts from the state the child had after start-up (texts given to
-one fork together, by phonemize_each, are read one after another), and a crash takes only the
-fork: that text is refused (BadInput). If the child itself stalls or dies, the next
-call starts a new one; killed from outside while it reads (the OOM killer), the text is asked again.
+or one text) at a time and gets back the phonemes of each sentence. The child reads each batch in a
+fork of itself: espeak-ng keeps state from one text to the next (the last dot of "Wait.." was read
+as the word "dot" at the start of the next text; after "4547568<TAB>s" a long number was grouped
+otherwise), so one client's text changed how another's was read. A fork starts from the state the
+child had after start-up (texts given to one fork together, by phonemize_each, are read one after
+another), and a crash takes only the fork: that text is refused (BadInput). If no fork can be made
+(out of processes), the request gets NotReady. If the child itself stalls or dies, the next call
+starts a new one; killed from outside while it reads (the OOM killer), the text is asked again.
 
 The child imports piper-tts's phonemizer module without the piper package's __init__, which would
 load numpy and onnxruntime (~100 ms and ~24 MB) that phonemizing does not need.
@@ -47,6 +48,8 @@ that a stalled text gets its own 400, not a stage timeout for it and for the req
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, signal.SIGILL})
 """Signals by which espeak-ng itself fails on a text; any other death (SIGKILL) came from outside."""
 CRASHED = "espeak-ng, which reads the text, crashed on it; it was not spoken"
+CHILD = (sys.executable, "-m", "edged.espeak_worker")
+"""How the child is started."""
 
 
 class TextStalled(BadInput):
@@ -56,8 +59,9 @@ class TextStalled(BadInput):
 class EspeakProcess:
     """The parent's side: one child at a time, one request at a time (espeak-ng is single-threaded)."""
 
-    def __init__(self, timeout_s: float = BLOCK_TIMEOUT_S) -> None:
+    def __init__(self, timeout_s: float = BLOCK_TIMEOUT_S, command: tuple[str, ...] = CHILD) -> None:
         self.timeout_s = timeout_s
+        self.command = command
         self.restarts = 0
         """Children started again after one died or stalled on a text."""
         self._child: subprocess.Popen[bytes] | None = None
@@ -74,7 +78,8 @@ class EspeakProcess:
 
     def phonemize_each(self, voice: str, texts: list[str]) -> list[list[list[str]]]:
         """phonemize() of each of `texts`, read one after another in one fork (each starts as
-        espeak-ng left the one before: a fork costs ~3 ms, reading a short text ~0.2 ms)."""
+        espeak-ng left the one before: a fork costs ~3 ms, reading a short text ~0.2 ms).
+        BadInput for a text espeak-ng cannot read; NotReady if it could not be asked now."""
         with self._lock:
             for _attempt in range(2):  # a child killed from outside gets the text again, once
                 reply = self._ask(voice, texts)
@@ -131,8 +136,7 @@ class EspeakProcess:
             self._lose(self._child, "had exited")  # killed from outside, between two texts
         if self._child is None:
             self._child = subprocess.Popen(  # a process group of its own: stopping it stops its forks
-                [sys.executable, "-m", "edged.espeak_worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                close_fds=True, process_group=0)
+                self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True, process_group=0)
         return self._child
 
     def _lose(self, child: subprocess.Popen[bytes], how: str) -> None:
@@ -240,21 +244,23 @@ def _set_voice_only_on_change(bridge: Any) -> Callable[[str], None]:
 
 class _Fork:
     """A fork of the child that phonemizes one request's texts, one after another (see the
-    module's docstring). It is made ahead of them, once the fork before has replied, and reaped
-    later without blocking (`exiting` in main). A text still costs ~3 ms more than read in place
+    module's docstring). It is made ahead of the request, once the fork before has replied (or for
+    the request, if there is none), and reaped later without blocking (`exiting` in main). A text still costs ~3 ms more than read in place
     (3.5 against 0.5 ms for a short one): the pages both processes write to after the fork are
     copied."""
 
     def __init__(self, phonemizer: Any, voice: str) -> None:
         self.voice = voice
-        text_in, self._text_out = os.pipe()
-        self._reply_in, reply_out = os.pipe()
+        made: list[int] = []
         try:
+            made += os.pipe()
+            made += os.pipe()
             self.pid = os.fork()
-        except OSError:  # out of processes or memory: the caller says so; no pipe is kept
-            for fd in (text_in, self._text_out, self._reply_in, reply_out):
+        except OSError:  # out of descriptors, processes or memory: the caller says so; nothing kept
+            for fd in made:
                 os.close(fd)
             raise
+        text_in, self._text_out, self._reply_in, reply_out = made
         if self.pid == 0:  # the fork never returns into the child's code, whatever happens
             status = 1
             try:

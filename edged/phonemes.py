@@ -4,8 +4,8 @@ Long text is phonemized a block at a time (edged.textblocks), so the first sente
 once and memory does not grow with the text. Long sentences are cut at clause boundaries into
 *pieces*, each run through the front graph on its own: the VITS text encoder attends over its whole
 input, so its cost grows with input length and no exact streaming of it is possible; cutting at a
-comma is where a speaker would pause anyway. Sentences no longer than `first_piece_max` are never cut, which keeps their ids
-identical to Piper's.
+comma is where a speaker would pause anyway. Sentences no longer than `first_piece_max` are never
+cut, which keeps their ids identical to Piper's.
 """
 
 from __future__ import annotations

@@ -56,7 +56,9 @@ def test_read_memory_sees_anonymous_memory_grow() -> None:
     block = np.ones(64 * 1024 * 1024 // 8)  # 64 MiB, every page touched
     after = read_memory()
     assert after.anon - before.anon > 60
-    assert after.rss == pytest.approx(after.anon + after.file + after.shmem, abs=0.1)
+    # anon counts shared pages in part (Pss_Anon): below rss's share once a child shares pages
+    # with its forks (the espeak-ng child, when a test before this one started it).
+    assert after.anon + after.file + after.shmem <= after.rss + 0.1
     assert after.peak >= after.rss
     del block
 

@@ -30,7 +30,7 @@ from cache_helpers import (
 
 from edged.cache import AudioCache, CacheKey, CacheSettings, default_directory
 from edged.cache.diskstore import DiskStore
-from edged.cache.generations import SCOPES, Generations
+from edged.cache.generations import ALL, SCOPES, Generations
 from edged.cache.layout import DBNAME, Layout
 from edged.cache.record import CachedAudio, EntryMeta, audio_checksum
 
@@ -269,6 +269,21 @@ def test_writes_paused_in_a_removed_directory_go_on_in_the_new_one(tmp_path: Pat
     store = DiskStore.open(CacheSettings(directory=directory), Generations())
     assert store.get(entry.meta.key) == entry
     store.close()
+
+
+def test_an_invalidation_after_the_directory_was_replaced_is_kept_in_the_new_one(tmp_path: Path) -> None:
+    # Written to the database moved away, it would be lost at the next start (and with the old
+    # directory put back, what it invalidated served again).
+    directory = tmp_path / "cache"
+    store = DiskStore.open(CacheSettings(directory=directory), Generations())
+    _put(store, "before")
+    directory.rename(tmp_path / "old")
+    directory.mkdir(mode=0o700)
+    assert store.save_generation(ALL, 1)
+    store.close()
+    stored = Generations()
+    DiskStore.open(CacheSettings(directory=directory), stored).close()
+    assert dict(stored.items())[ALL] == 1
 
 
 def _put(store: DiskStore, name: str, size: int = 40_000) -> CachedAudio:

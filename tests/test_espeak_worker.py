@@ -267,3 +267,15 @@ def test_a_fork_that_cannot_be_made_refuses_one_text_and_keeps_nothing_open() ->
         child.stdin.close()
         child.wait(10)
         child.stdout.close()
+
+
+def test_a_text_that_gets_no_fork_is_not_ready_rather_than_bad_input() -> None:
+    espeak = EspeakProcess(command=(sys.executable, "-c", FORK_FAILS))
+    try:
+        first = espeak.phonemize("en-us", "The water is warm.")
+        with pytest.raises(NotReady, match="could not start reading"):
+            espeak.phonemize("en-us", "The water is warm.")
+        assert espeak.phonemize("en-us", "The water is warm.") == first
+        assert espeak.restarts == 0
+    finally:
+        espeak.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.metadata
 import json
 import shutil
 import signal
@@ -97,6 +98,7 @@ def build_key(model_path: Path, config_path: Path, version: str) -> dict[str, st
         "builder_sha256": code.hexdigest(),
         "onnxruntime": ort.__version__,
         "onnx": onnx.__version__,
+        "piper_tts": importlib.metadata.version("piper-tts"),  # its phonemizer and espeak-ng data
         "version": version,
     }
 

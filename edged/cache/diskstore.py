@@ -17,11 +17,13 @@ Faults, and what happens:
   empty; the old value files are moved out of the way and deleted by `repair()`.
 - The directory removed or replaced while open (`rm -rf` to clear it): SQLite would go on writing
   to the unlinked database, lost at the next start, with value files outside any database. The
-  next write sees that the database file is another (or gone) and opens the directory anew.
+  next write or invalidation sees that the database file is another (or gone) and opens the
+  directory anew (repairing it on the writer thread if only the database went).
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import shutil
@@ -65,7 +67,7 @@ class DiskStats:
 
 class DiskStore:
     """Writes, touches, invalidations and (re)opening run on the facade's one writer thread; get()
-    runs on reader threads and may rebuild a corrupted database itself."""
+    runs on reader threads, and may delete a corrupt entry or rebuild a corrupted database itself."""
 
     def __init__(self, settings: CacheSettings, generations: Generations,
                  eviction_policy: EvictionPolicy = "least-recently-stored") -> None:
@@ -174,7 +176,8 @@ class DiskStore:
                            " DO UPDATE SET gen = max(gen, excluded.gen)", known)
             self._generations.saved(known)
             self.volume, self.count = cache.volume(), len(cache)
-            self._db_file = _file_identity(self.directory / DBNAME)
+            info = os.stat(self.directory / DBNAME)
+            self._db_file = (info.st_dev, info.st_ino)
         except BaseException:
             if db is not None:
                 db.close()
@@ -230,10 +233,19 @@ class DiskStore:
             self._release()
             self._resume_writes()  # a pause (a full disk, say) was the old directory's
             self._open()
+        # diskcache closes only this thread's connection: the readers' ones to the deleted files
+        # (and the disk space they hold) go when their Cache object is collected.
+        gc.collect()
         self._repair_if_needed()  # only the database removed: its value files are orphans
 
     def _replaced(self) -> bool:
-        return _file_identity(self.directory / DBNAME) != self._db_file
+        try:
+            info = os.stat(self.directory / DBNAME)
+        except (FileNotFoundError, NotADirectoryError):
+            return True
+        except OSError:  # cannot tell (a failing disk): the writes' own errors will say
+            return False
+        return (info.st_dev, info.st_ino) != self._db_file
 
     def _repair_if_needed(self) -> None:
         if self.state == "ok" and self.needs_repair:
@@ -379,13 +391,16 @@ class DiskStore:
         self._guarded(lambda cache: cache.delete(digest), "delete")
 
     def evict_version(self, voice: str, version: str) -> int:
+        self._reopen_if_replaced()
         return self._guarded(lambda cache: cache.evict(voice_tag(voice, version)), "evict")
 
     def clear(self) -> int:
+        self._reopen_if_replaced()
         return self._guarded(lambda cache: cache.clear(), "clear")
 
     def save_generation(self, scope: str, value: int) -> bool:
         """Persist one invalidation counter; False if it could not be written."""
+        self._reopen_if_replaced()
         if self._db is None:
             return False
         try:
@@ -457,14 +472,6 @@ class DiskStore:
         if what not in self._logged:
             self._logged.add(what)
             log.warning(message, *args)
-
-
-def _file_identity(path: Path) -> tuple[int, int] | None:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return info.st_dev, info.st_ino
 
 
 def voice_tag(voice: str, version: str) -> str:
