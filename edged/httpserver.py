@@ -162,6 +162,20 @@ class EdgedProtocol(HttpToolsProtocol):
         min(idle, key=lambda c: c.opened_at).transport.abort()
         return True
 
+    def eof_received(self) -> bool | None:  # type: ignore[override]
+        """The client sends no more. After a whole request that is a half-close (`nc -N`, socat),
+        not a hang-up: its answer is still sent, then the connection closed (True keeps it open
+        for writing). A client that closed altogether is found out by the next write (its
+        synthesis stops then, a window later than at once). Anything else ends the connection."""
+        if self.cycle is None or self.cycle.more_body or not self._running_cycles() or self._reading_headers_begun():
+            return None
+        self.cycle.keep_alive = False  # the last request it sent: close once it is answered
+        return True
+
+    def _reading_headers_begun(self) -> bool:
+        """Part of a next request's line or headers came before the EOF: it cannot be whole."""
+        return self._reading_headers and self._header_bytes > 0
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()
         for cycle in self._earlier:  # their syntheses stop too (uvicorn tells self.cycle only)

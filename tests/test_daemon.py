@@ -348,3 +348,30 @@ def test_synthesis_threads_run_nicer_than_the_event_loop(daemon: Daemon) -> None
         nice[int(task.name)] = int(fields[16])  # field 19 of stat: nice
     assert nice[daemon.proc.pid] == 0  # the main thread runs the event loop
     assert sum(1 for n in nice.values() if n == 10) >= 4  # stage threads and onnxruntime's pools
+
+
+def _read_to_end(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def test_a_client_that_half_closes_after_its_request_gets_its_answer(daemon: Daemon) -> None:
+    # nc -N and socat shut their sending side once the request is out: that is no hang-up.
+    with daemon.connect() as sock:
+        sock.sendall(post_raw({"text": SHORT, "format": "pcm"}))
+        sock.shutdown(socket.SHUT_WR)
+        data = _read_to_end(sock)  # the daemon closes once it has answered
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert body.endswith(b"\r\n0\r\n\r\n") and len(body) > 22050 * 2  # whole, over a second of audio
+
+
+def test_a_client_that_half_closes_before_its_body_is_sent_is_gone(daemon: Daemon) -> None:
+    before = daemon.status()["synthesis"]["completed"]
+    with daemon.connect() as sock:
+        sock.sendall(post_raw({"text": SHORT})[:-5])  # the body's last bytes will never come
+        sock.shutdown(socket.SHUT_WR)
+        assert _read_to_end(sock) == b""  # closed at once, nothing synthesized
+    assert daemon.status()["synthesis"]["completed"] == before
