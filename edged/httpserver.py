@@ -12,6 +12,7 @@ import asyncio
 import functools
 import json
 import logging
+import select
 import socket
 from http import HTTPStatus
 from typing import Any
@@ -163,14 +164,25 @@ class EdgedProtocol(HttpToolsProtocol):
         return True
 
     def eof_received(self) -> bool | None:  # type: ignore[override]
-        """The client sends no more. After a whole request that is a half-close (`nc -N`, socat),
-        not a hang-up: its answer is still sent, then the connection closed (True keeps it open
-        for writing). A client that closed altogether is found out by the next write (its
-        synthesis stops then, a window later than at once). Anything else ends the connection."""
-        if self.cycle is None or self.cycle.more_body or not self._running_cycles() or self._reading_headers_begun():
+        """The client sends no more. After a whole request, from a client that only shut its
+        sending side (`nc -N`, socat), that is no hang-up: its answer is still sent, then the
+        connection closed (True keeps it open for writing). Anything else ends the connection at
+        once: a client closed altogether, a body or a next request's headers cut short."""
+        if (self.cycle is None or self.cycle.more_body or not self._running_cycles()
+                or self._reading_headers_begun() or self._peer_closed()):
             return None
         self.cycle.keep_alive = False  # the last request it sent: close once it is answered
         return True
+
+    def _peer_closed(self) -> bool:
+        """Whether the client closed its socket, not only its sending side: on a Unix socket the
+        kernel then reports a hang-up (POLLHUP) besides the end of input."""
+        sock = self.transport.get_extra_info("socket")
+        if sock is None:
+            return True
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLHUP)
+        return any(events & select.POLLHUP for _, events in poller.poll(0))
 
     def _reading_headers_begun(self) -> bool:
         """Part of a next request's line or headers came before the EOF: it cannot be whole."""

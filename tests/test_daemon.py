@@ -375,3 +375,13 @@ def test_a_client_that_half_closes_before_its_body_is_sent_is_gone(daemon: Daemo
         sock.shutdown(socket.SHUT_WR)
         assert _read_to_end(sock) == b""  # closed at once, nothing synthesized
     assert daemon.status()["synthesis"]["completed"] == before
+
+
+def test_a_client_that_closes_right_after_its_request_costs_no_window(daemon: Daemon) -> None:
+    # Closed altogether (not only its sending side): a hang-up at once, not at the first write.
+    before = daemon.status()["synthesis"]
+    with daemon.connect() as sock:
+        sock.sendall(post_raw({"text": LONG_TEXT, "format": "pcm"}))
+    after = wait_for(lambda: (s := daemon.status())["admission"]["active"] == 0
+                     and s["synthesis"]["disconnects"] > before["disconnects"] and s["synthesis"])
+    assert after["windows"] == before["windows"]
