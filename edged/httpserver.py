@@ -34,6 +34,11 @@ HEADERS_END = b"\r\n\r\n"
 OPEN_CONNECTIONS_PER_LIMIT = 4
 """Open connections allowed per `max_connections`: room for monitoring and for clients that
 come and go, far below any file-descriptor limit."""
+ABORT_AFTER_STALL_S = 2.0
+"""Past the output timeout, more time a client that reads nothing has before its connection is
+dropped: the app cuts its stream first (counted as a write stall), then this frees the socket."""
+HANGUP_POLL_S = 0.25
+"""How often a client that shut its sending side is checked for having closed altogether."""
 
 
 class EdgedProtocol(HttpToolsProtocol):
@@ -48,13 +53,20 @@ class EdgedProtocol(HttpToolsProtocol):
       or still sending its headers) is closed to make room, else the new one is. Monitoring
       still gets in past a crowd of idle sockets. (The app answers 503 busy past the lower
       `max_connections`, which still costs a descriptor per client.)
+    - a client that reads nothing for `write_timeout_s` (+ ABORT_AFTER_STALL_S) is dropped: a
+      plain close waits for it to read what is buffered, and held the connection for ever;
+    - a client that shuts its sending side after whole requests (a half-close) gets their
+      answers, then the connection is closed (see eof_received).
     No client blocks another either way: each connection is served independently by the loop."""
 
-    def __init__(self, *args: Any, header_timeout_s: float, max_header_bytes: int, max_open: int,
-                 **kwargs: Any) -> None:
+    def __init__(self, *args: Any, header_timeout_s: float, write_timeout_s: float, max_header_bytes: int,
+                 max_open: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.max_open = max_open
         self.header_timeout_s = header_timeout_s
+        self.write_timeout_s = write_timeout_s
+        self._write_timer: asyncio.TimerHandle | None = None
+        self._hangup_timer: asyncio.TimerHandle | None = None
         self.max_header_bytes = max_header_bytes
         self._header_timer: asyncio.TimerHandle | None = None
         self._reading_headers = True
@@ -164,15 +176,33 @@ class EdgedProtocol(HttpToolsProtocol):
         return True
 
     def eof_received(self) -> bool | None:  # type: ignore[override]
-        """The client sends no more. After a whole request, from a client that only shut its
-        sending side (`nc -N`, socat), that is no hang-up: its answer is still sent, then the
-        connection closed (True keeps it open for writing). Anything else ends the connection at
-        once: a client closed altogether, a body or a next request's headers cut short."""
-        if (self.cycle is None or self.cycle.more_body or not self._running_cycles()
-                or self._reading_headers_begun() or self._peer_closed()):
+        """The client sends no more. From a client that only shut its sending side (`nc -N`,
+        socat), that is no hang-up: its whole requests are still answered, then the connection is
+        closed (True keeps it open for writing); a request it left incomplete (a body or headers
+        cut short) is dropped. A client closed altogether, or one with no whole request left to
+        answer, ends the connection at once (None)."""
+        if self._peer_closed():
             return None
-        self.cycle.keep_alive = False  # the last request it sent: close once it is answered
+        incomplete = self.cycle if self.cycle is not None and self.cycle.more_body else None
+        whole = [c for c in self._running_cycles() if c is not incomplete]
+        if not whole:
+            return None
+        if incomplete is not None:  # queued behind the whole ones (one runs at a time): never run
+            self.pipeline = type(self.pipeline)(item for item in self.pipeline if item[0] is not incomplete)
+        whole[-1].keep_alive = False  # closed once the last whole request is answered
+        self._hangup_timer = self.loop.call_later(HANGUP_POLL_S, self._watch_for_hangup)
         return True
+
+    def _watch_for_hangup(self) -> None:
+        """Reading stopped at the end of input, so a client that then closes altogether would be
+        found out only by the next write: a request waiting for a synthesis slot would keep it."""
+        self._hangup_timer = None
+        if self.transport.is_closing():
+            return
+        if self._peer_closed():
+            self.transport.abort()
+        elif self._running_cycles():
+            self._hangup_timer = self.loop.call_later(HANGUP_POLL_S, self._watch_for_hangup)
 
     def _peer_closed(self) -> bool:
         """Whether the client closed its socket, not only its sending side: on a Unix socket the
@@ -184,12 +214,32 @@ class EdgedProtocol(HttpToolsProtocol):
         poller.register(sock.fileno(), select.POLLHUP)
         return any(events & select.POLLHUP for _, events in poller.poll(0))
 
-    def _reading_headers_begun(self) -> bool:
-        """Part of a next request's line or headers came before the EOF: it cannot be whole."""
-        return self._reading_headers and self._header_bytes > 0
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.write_timeout_s + ABORT_AFTER_STALL_S,
+                                                     self._not_reading)
+
+    def resume_writing(self) -> None:
+        self._cancel_timer("_write_timer")
+        super().resume_writing()
+
+    def _not_reading(self) -> None:
+        self._write_timer = None
+        log.info("dropping a connection whose client read nothing in %g s",
+                 self.write_timeout_s + ABORT_AFTER_STALL_S)
+        self.transport.abort()
+
+    def _cancel_timer(self, name: str) -> None:
+        timer = getattr(self, name)
+        if timer is not None:
+            timer.cancel()
+            setattr(self, name, None)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()
+        self._cancel_timer("_write_timer")
+        self._cancel_timer("_hangup_timer")
         for cycle in self._earlier:  # their syntheses stop too (uvicorn tells self.cycle only)
             cycle.disconnected = True
             cycle.message_event.set()
@@ -286,6 +336,7 @@ async def start_http(daemon: Daemon, sock: socket.socket) -> HttpServer:
     logging.getLogger("uvicorn.error").addFilter(_IntendedCutOff())
     factory = functools.partial(EdgedProtocol, config=config, server_state=state, app_state={},
                                 header_timeout_s=settings.header_timeout_s,
+                                write_timeout_s=daemon.settings.pipeline.output.timeout_s,
                                 max_header_bytes=daemon.settings.limits.max_header_bytes,
                                 max_open=OPEN_CONNECTIONS_PER_LIMIT * limit)
     server = await asyncio.get_running_loop().create_server(factory, sock=sock)

@@ -385,3 +385,43 @@ def test_a_client_that_closes_right_after_its_request_costs_no_window(daemon: Da
     after = wait_for(lambda: (s := daemon.status())["admission"]["active"] == 0
                      and s["synthesis"]["disconnects"] > before["disconnects"] and s["synthesis"])
     assert after["windows"] == before["windows"]
+
+
+def test_a_half_closed_client_is_answered_its_whole_requests_and_not_an_incomplete_one(daemon: Daemon) -> None:
+    # nc -N with a file whose last request is cut short: the whole one before it is still answered.
+    with daemon.connect() as sock:
+        sock.sendall(post_raw({"text": SHORT, "format": "pcm"}) + post_raw({"text": SHORT})[:-5])
+        sock.shutdown(socket.SHUT_WR)
+        data = _read_to_end(sock)
+    assert data.count(b"HTTP/1.1 ") == 1 and data.startswith(b"HTTP/1.1 200")
+    assert data.endswith(b"\r\n0\r\n\r\n") and len(data) > 22050 * 2
+
+
+def test_a_client_that_never_reads_does_not_keep_its_connection(daemon: Daemon) -> None:
+    # Its stream is cut after the output timeout (1.5 s here); its socket must be let go too: a
+    # plain close waits for the client to read what is buffered, and so held it for ever.
+    assert daemon.proc is not None
+    fd_dir = Path(f"/proc/{daemon.proc.pid}/fd")
+    before = len(list(fd_dir.iterdir()))
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(str(daemon.socket))
+        sock.sendall(post_raw({"text": LONG_TEXT, "format": "pcm"}))
+        wait_for(lambda: len(list(fd_dir.iterdir())) > before, timeout=5)
+        assert wait_for(lambda: len(list(fd_dir.iterdir())) <= before, timeout=10)  # while it stays open
+
+
+def test_a_half_closed_client_that_then_closes_leaves_the_queue_at_once(tmp_path: Path) -> None:
+    config = "[pipeline]\nmax_active = 1\npark_after_s = 30\n\n[cache]\nenabled = false\n"
+    with Daemon(tmp_path / "d", config) as daemon:
+        streaming = daemon.connect()
+        streaming.sendall(post_raw({"text": LONG_TEXT, "format": "pcm"}))
+        assert read_head(streaming)[0] == 200
+        queued = daemon.connect()
+        queued.sendall(post_raw({"text": SHORT}))
+        queued.shutdown(socket.SHUT_WR)
+        wait_for(lambda: daemon.status()["admission"]["waiting"] == 1, timeout=5)
+        queued.close()
+        assert wait_for(lambda: daemon.status()["admission"]["waiting"] == 0, timeout=2)
+        assert daemon.status()["admission"]["active"] == 1  # the stream before it still runs
+        streaming.close()
