@@ -34,9 +34,10 @@ HEADERS_END = b"\r\n\r\n"
 OPEN_CONNECTIONS_PER_LIMIT = 4
 """Open connections allowed per `max_connections`: room for monitoring and for clients that
 come and go, far below any file-descriptor limit."""
-ABORT_AFTER_STALL_S = 2.0
+ABORT_AFTER_STALL_S = 5.0
 """Past the output timeout, more time a client that reads nothing has before its connection is
-dropped: the app cuts its stream first (counted as a write stall), then this frees the socket."""
+dropped: the app cuts its stream first (counted as a write stall: its clock starts at its next
+write, once the next window is decoded), then this frees the socket."""
 HANGUP_POLL_S = 0.25
 """How often a client that shut its sending side is checked for having closed altogether."""
 
@@ -54,7 +55,8 @@ class EdgedProtocol(HttpToolsProtocol):
       still gets in past a crowd of idle sockets. (The app answers 503 busy past the lower
       `max_connections`, which still costs a descriptor per client.)
     - a client that reads nothing for `write_timeout_s` (+ ABORT_AFTER_STALL_S) is dropped: a
-      plain close waits for it to read what is buffered, and held the connection for ever;
+      plain close waits for it to read what is buffered, and held the connection for ever
+      (whatever is left unsent pauses writing: see connection_made);
     - a client that shuts its sending side after whole requests (a half-close) gets their
       answers, then the connection is closed (see eof_received).
     No client blocks another either way: each connection is served independently by the loop."""
@@ -92,6 +94,9 @@ class EdgedProtocol(HttpToolsProtocol):
             return
         sock = transport.get_extra_info("socket")
         self.peer = None if sock is None else peer_of(sock)  # as the kernel saw it at connect time
+        # Writing pauses (and the clock of pause_writing starts) as soon as anything is left
+        # unsent: past the kernel's socket buffer, a client that reads nothing leaves some.
+        transport.set_write_buffer_limits(high=0)
         self._arm_header_timer()
 
     def data_received(self, data: bytes) -> None:
@@ -153,8 +158,12 @@ class EdgedProtocol(HttpToolsProtocol):
         warnings for each would let any local client fill the journal."""
 
     def _refuse(self, error: EdgedError) -> None:
-        """Answer outside the app, as the parser cannot go on, and close."""
+        """Answer outside the app, as the parser cannot go on, and close (without an answer in
+        the middle of one under way: bytes the parser cannot read came behind a request)."""
         if self.transport.is_closing():
+            return
+        if any(cycle.response_started for cycle in self._running_cycles()):
+            self.transport.close()
             return
         body = json.dumps(error_json(error)).encode()
         status = HTTPStatus(error.http_status)
