@@ -231,11 +231,12 @@ def _cache_clear(args: argparse.Namespace) -> int:
     url = "/v1/cache" + (f"?{urllib.parse.urlencode(scope)}" if scope else "")
     result = get_json(args.socket, url, "DELETE")
     what = ", ".join(f"{k} {v}" for k, v in scope.items()) or "everything"
-    if scope and result.get("scope", {}).get("all"):
+    cleared_all = result.get("scope", {}).get("all")
+    if scope and cleared_all:
         what += " (the daemon cleared everything: too many scopes were cleared one by one)"
     # Only everything and a voice version are deleted from disk at once; other scopes' entries
     # there are stale now and go when next read or evicted.
-    at_once = result.get("scope", {}).get("all") or scope.keys() == {"voice", "version"}
+    at_once = cleared_all or scope.keys() == {"voice", "version"}
     on_disk = f"{result['disk_dropped']} deleted on disk" if at_once else "stale on disk (removed when next read)"
     print(f"cleared {what}: {result['memory_dropped']} in memory, {on_disk}"
           + ("" if result.get("persisted", True) else " (not persisted: holds until restart)"))

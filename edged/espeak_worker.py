@@ -119,7 +119,7 @@ class EspeakProcess:
             self._lose(child, "answered out of protocol")
             raise BadInput("espeak-ng failed on this text; it was not spoken") from None
         if "signal" in reply:  # the fork that read the text died; the child lives on
-            if reply["signal"] not in CRASH_SIGNALS:
+            if not _died_of_crash(-reply["signal"]):
                 return None
             log.warning("espeak-ng crashed on a text (signal %d); it was refused", reply["signal"])
             raise BadInput(CRASHED)
@@ -152,8 +152,8 @@ atexit.register(ESPEAK.close)
 
 
 def _died_of_crash(returncode: int | None) -> bool:
-    """Whether a process died of a signal espeak-ng raises itself (Popen reports -signal); any
-    other end (killed from outside, or failed itself) is worth one more try."""
+    """Whether a process died of a signal espeak-ng raises itself (a return code of -signal, as
+    Popen reports it); any other end (killed from outside, or failed itself) is worth one more try."""
     return returncode is not None and returncode < 0 and -returncode in CRASH_SIGNALS
 
 
@@ -245,9 +245,9 @@ def _set_voice_only_on_change(bridge: Any) -> Callable[[str], None]:
 class _Fork:
     """A fork of the child that phonemizes one request's texts, one after another (see the
     module's docstring). It is made ahead of the request, once the fork before has replied (or for
-    the request, if there is none), and reaped later without blocking (`exiting` in main). A text still costs ~3 ms more than read in place
-    (3.5 against 0.5 ms for a short one): the pages both processes write to after the fork are
-    copied."""
+    the request, if there is none), and reaped later without blocking (`exiting` in main). A text
+    still costs ~3 ms more than read in place (3.5 against 0.5 ms for a short one): the pages both
+    processes write to after the fork are copied."""
 
     def __init__(self, phonemizer: Any, voice: str) -> None:
         self.voice = voice

@@ -54,7 +54,7 @@ class EdgedProtocol(HttpToolsProtocol):
       or still sending its headers) is closed to make room, else the new one is. Monitoring
       still gets in past a crowd of idle sockets. (The app answers 503 busy past the lower
       `max_connections`, which still costs a descriptor per client.)
-    - a client that reads nothing for `write_timeout_s` (+ ABORT_AFTER_STALL_S) is dropped: a
+    - a client that reads nothing for `abort_after_s` (the output timeout + a grace) is dropped: a
       plain close waits for it to read what is buffered, and held the connection for ever
       (whatever is left unsent pauses writing: see connection_made);
     - a client that shuts its sending side after whole requests (a half-close) gets their
@@ -66,7 +66,8 @@ class EdgedProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self.max_open = max_open
         self.header_timeout_s = header_timeout_s
-        self.write_timeout_s = write_timeout_s
+        self.abort_after_s = write_timeout_s + ABORT_AFTER_STALL_S
+        """Writes paused this long (the client reads nothing) drop the connection."""
         self._write_timer: asyncio.TimerHandle | None = None
         self._hangup_timer: asyncio.TimerHandle | None = None
         self.max_header_bytes = max_header_bytes
@@ -140,7 +141,7 @@ class EdgedProtocol(HttpToolsProtocol):
         self._arm_header_timer()
 
     def on_headers_complete(self) -> None:
-        self._disarm_header_timer()
+        self._header_timer = _cancelled(self._header_timer)
         self._reading_headers = False
         self._earlier = self._running_cycles()
         super().on_headers_complete()
@@ -226,29 +227,21 @@ class EdgedProtocol(HttpToolsProtocol):
     def pause_writing(self) -> None:
         super().pause_writing()
         if self._write_timer is None:
-            self._write_timer = self.loop.call_later(self.write_timeout_s + ABORT_AFTER_STALL_S,
-                                                     self._not_reading)
+            self._write_timer = self.loop.call_later(self.abort_after_s, self._not_reading)
 
     def resume_writing(self) -> None:
-        self._cancel_timer("_write_timer")
+        self._write_timer = _cancelled(self._write_timer)
         super().resume_writing()
 
     def _not_reading(self) -> None:
         self._write_timer = None
-        log.info("dropping a connection whose client read nothing in %g s",
-                 self.write_timeout_s + ABORT_AFTER_STALL_S)
+        log.info("dropping a connection whose client read nothing in %g s", self.abort_after_s)
         self.transport.abort()
 
-    def _cancel_timer(self, name: str) -> None:
-        timer = getattr(self, name)
-        if timer is not None:
-            timer.cancel()
-            setattr(self, name, None)
-
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm_header_timer()
-        self._cancel_timer("_write_timer")
-        self._cancel_timer("_hangup_timer")
+        self._header_timer = _cancelled(self._header_timer)
+        self._write_timer = _cancelled(self._write_timer)
+        self._hangup_timer = _cancelled(self._hangup_timer)
         for cycle in self._earlier:  # their syntheses stop too (uvicorn tells self.cycle only)
             cycle.disconnected = True
             cycle.message_event.set()
@@ -257,11 +250,6 @@ class EdgedProtocol(HttpToolsProtocol):
     def _arm_header_timer(self) -> None:
         if self._header_timer is None:
             self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_too_slow)
-
-    def _disarm_header_timer(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
 
     def _headers_too_slow(self) -> None:
         self._header_timer = None
@@ -272,6 +260,12 @@ class EdgedProtocol(HttpToolsProtocol):
         elif not self.transport.is_closing():
             log.info("closing a connection that sent no complete headers in %g s", self.header_timeout_s)
             self.transport.close()
+
+
+def _cancelled(timer: asyncio.TimerHandle | None) -> None:
+    """Cancel `timer` if there is one; None, for the attribute that held it."""
+    if timer is not None:
+        timer.cancel()
 
 
 class _IntendedCutOff(logging.Filter):

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from daemon_harness import wait_for
 
 from edged.errors import BadInput, NotReady
 from edged.espeak_worker import EspeakProcess
@@ -250,10 +251,7 @@ def test_a_fork_that_cannot_be_made_refuses_one_text_and_keeps_nothing_open() ->
         return json.loads(child.stdout.readline())  # type: ignore[union-attr]
 
     def open_fds_settle_at(count: int) -> bool:  # forks are made after the reply: wait for them
-        deadline = time.monotonic() + 5
-        while len(os.listdir(f"/proc/{child.pid}/fd")) != count and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return len(os.listdir(f"/proc/{child.pid}/fd")) == count
+        return wait_for(lambda: len(os.listdir(f"/proc/{child.pid}/fd")) == count, timeout=5, interval=0.01)
 
     own = 4  # stdin, stdout, stderr and the copy of stdout that replies go out on
     try:

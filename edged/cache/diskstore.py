@@ -176,8 +176,7 @@ class DiskStore:
                            " DO UPDATE SET gen = max(gen, excluded.gen)", known)
             self._generations.saved(known)
             self.volume, self.count = cache.volume(), len(cache)
-            info = os.stat(self.directory / DBNAME)
-            self._db_file = (info.st_dev, info.st_ino)
+            self._db_file = self._db_identity()
         except BaseException:
             if db is not None:
                 db.close()
@@ -240,12 +239,15 @@ class DiskStore:
 
     def _replaced(self) -> bool:
         try:
-            info = os.stat(self.directory / DBNAME)
+            return self._db_identity() != self._db_file
         except (FileNotFoundError, NotADirectoryError):
             return True
         except OSError:  # cannot tell (a failing disk): the writes' own errors will say
             return False
-        return (info.st_dev, info.st_ino) != self._db_file
+
+    def _db_identity(self) -> tuple[int, int]:
+        info = os.stat(self.directory / DBNAME)
+        return info.st_dev, info.st_ino
 
     def _repair_if_needed(self) -> None:
         if self.state == "ok" and self.needs_repair:
