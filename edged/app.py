@@ -33,11 +33,11 @@ from .errors import (
     BadInput,
     Busy,
     EdgedError,
+    HttpVersionNotSupported,
     MethodNotAllowed,
     NotFound,
     NotReady,
     StageTimeout,
-    StreamNeedsHttp11,
     UnknownVoice,
 )
 from .messages import (
@@ -106,6 +106,7 @@ class App:
             if self.over_limit() and path not in MONITORING:
                 self.daemon.connections_refused += 1
                 raise Busy(f"too many connections (limit {self.settings.server.max_connections})")
+            _require_http1(scope)
             methods = self.routes.get(path)
             if methods is None:
                 raise NotFound(f"no route {path[:200]!r}")
@@ -305,8 +306,15 @@ class App:
         await asyncio.sleep(0)
 
 
+def _require_http1(scope: Scope) -> None:
+    """httptools parses any version number ("HTTP/2.0", "HTTP/9.9"); only 1.x is HTTP/1 (a
+    higher minor version is answered as 1.1, RFC 9110 2.5)."""
+    if not str(scope.get("http_version", "")).startswith("1."):
+        raise HttpVersionNotSupported(f"HTTP/{scope.get('http_version')} is not spoken here: use HTTP/1.1")
+
+
 def _require_streaming(scope: Scope) -> None:
     """Audio goes out as it is made, in chunked encoding: HTTP/1.1 only (RFC 9112 forbids
     chunked encoding towards an HTTP/1.0 client)."""
     if scope.get("http_version") == "1.0":
-        raise StreamNeedsHttp11("audio is streamed with chunked encoding: send the request as HTTP/1.1")
+        raise HttpVersionNotSupported("audio is streamed with chunked encoding: send the request as HTTP/1.1")

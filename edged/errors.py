@@ -88,8 +88,9 @@ class BodyTooLarge(EdgedError):
     http_status = 413
 
 
-class StreamNeedsHttp11(EdgedError):
-    """Audio is streamed with chunked encoding, which an HTTP/1.0 client cannot be sent."""
+class HttpVersionNotSupported(EdgedError):
+    """An HTTP version other than 1.x, or audio asked for over HTTP/1.0 (it is streamed with
+    chunked encoding, which an HTTP/1.0 client cannot be sent)."""
 
     code = "http_version_not_supported"
     http_status = 505

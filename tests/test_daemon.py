@@ -207,6 +207,16 @@ def test_audio_is_not_sent_chunked_to_an_http10_client(daemon: Daemon) -> None:
     assert status == 200 and json.loads(body)["state"] == "READY"
 
 
+@pytest.mark.parametrize("version", [b"2.0", b"0.9"])
+def test_versions_other_than_http1_are_refused_on_every_route(daemon: Daemon, version: bytes) -> None:
+    # The parser takes any version number; answering "HTTP/1.1 200" to an HTTP/2.0 request
+    # would claim a protocol we do not speak.
+    with daemon.connect() as sock:
+        sock.sendall(b"GET /v1/health HTTP/" + version + b"\r\n\r\n")
+        status, body = read_head(sock)
+    assert status == 505 and json.loads(body)["error"]["code"] == "http_version_not_supported"
+
+
 def test_headers_without_end_are_cut_off_at_the_limit(daemon: Daemon) -> None:
     # httptools buffers headers without limit: 400 MB of them once grew the daemon by 400 MB.
     with daemon.connect() as sock:
