@@ -33,6 +33,7 @@ from .cliio import (
     check_writable,
     interrupted_by_signals,
     open_output,
+    print_report,
     read_text,
 )
 from .config import default_socket_path
@@ -173,41 +174,38 @@ def _synth(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     status = get_json(args.socket, "/v1/status")
-    if args.json:
-        print(json.dumps(status, indent=2))
-        return 0
+    print_report([json.dumps(status, indent=2)] if args.json else _status_lines(status))
+    return 0
+
+
+def _status_lines(status: dict[str, Any]) -> list[str]:
     admission, synthesis = status["admission"], status["synthesis"]
     process = status.get("process", {})
-    print(f"state      {status['state']} (edged {status['version']}, pid {status['pid']}, "
-          f"up {status['uptime_s']:.0f} s)")
-    for voice in status["voices"]:
-        print(f"voice      {_voice_line(voice)}")
-    print(f"requests   {admission['active']}/{admission['capacity']} running, "
-          f"{admission['waiting']}/{admission['queue_size']} waiting, {admission['rejected']} refused busy")
-    print(f"synthesis  {synthesis['completed']} completed, {synthesis['cancelled']} cancelled, "
-          f"{synthesis['failed']} failed")
+    lines = [(f"state      {status['state']} (edged {status['version']}, pid {status['pid']}, "
+              f"up {status['uptime_s']:.0f} s)")]
+    lines += [f"voice      {_voice_line(voice)}" for voice in status["voices"]]
+    lines.append(f"requests   {admission['active']}/{admission['capacity']} running, "
+                 f"{admission['waiting']}/{admission['queue_size']} waiting, {admission['rejected']} refused busy")
+    lines.append(f"synthesis  {synthesis['completed']} completed, {synthesis['cancelled']} cancelled, "
+                 f"{synthesis['failed']} failed")
     if process:
-        print(f"memory     {process.get('rss_mb', 0):.0f} MiB resident "
-              f"({process.get('anon_mb', 0):.0f} anonymous, {process.get('file_mb', 0):.0f} file), "
-              f"{process.get('threads', 0):.0f} threads")
+        lines.append(f"memory     {process.get('rss_mb', 0):.0f} MiB resident "
+                     f"({process.get('anon_mb', 0):.0f} anonymous, {process.get('file_mb', 0):.0f} file), "
+                     f"{process.get('threads', 0):.0f} threads")
     cache = status.get("cache", {})
     if cache.get("open"):
-        print(f"cache      memory {cache['memory_hits']} hits / {cache['memory_misses']} misses, "
-              f"{cache['memory_bytes'] / 2**20:.1f} MiB; disk {cache['disk_state']} {cache['disk_hits']} hits, "
-              f"{cache['disk_entries']} entries, {cache['disk_bytes'] / 2**20:.1f} MiB; "
-              f"warm {cache['warm']['done']}/{cache['warm']['total']}")
+        lines.append(f"cache      memory {cache['memory_hits']} hits / {cache['memory_misses']} misses, "
+                     f"{cache['memory_bytes'] / 2**20:.1f} MiB; disk {cache['disk_state']} {cache['disk_hits']} hits, "
+                     f"{cache['disk_entries']} entries, {cache['disk_bytes'] / 2**20:.1f} MiB; "
+                     f"warm {cache['warm']['done']}/{cache['warm']['total']}")
     elif "cache" in status:
-        print("cache      off")
-    return 0
+        lines.append("cache      off")
+    return lines
 
 
 def _voices(args: argparse.Namespace) -> int:
     listing = get_json(args.socket, "/v1/voices")
-    if args.json:
-        print(json.dumps(listing, indent=2))
-        return 0
-    for voice in listing["voices"]:
-        print(_voice_line(voice))
+    print_report([json.dumps(listing, indent=2)] if args.json else [_voice_line(v) for v in listing["voices"]])
     return 0
 
 
@@ -238,8 +236,8 @@ def _cache_clear(args: argparse.Namespace) -> int:
     # there are stale now and go when next read or evicted.
     at_once = cleared_all or scope.keys() == {"voice", "version"}
     on_disk = f"{result['disk_dropped']} deleted on disk" if at_once else "stale on disk (removed when next read)"
-    print(f"cleared {what}: {result['memory_dropped']} in memory, {on_disk}"
-          + ("" if result.get("persisted", True) else " (not persisted: holds until restart)"))
+    print_report([f"cleared {what}: {result['memory_dropped']} in memory, {on_disk}"
+                  + ("" if result.get("persisted", True) else " (not persisted: holds until restart)")])
     return 0
 
 

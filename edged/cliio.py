@@ -77,6 +77,20 @@ def read_text(arg: str) -> str:
     return text[:-2] if text.endswith("\r\n") else text.removesuffix("\n")
 
 
+def print_report(lines: list[str]) -> None:
+    """A command's report on standard output. Standard output closed or unwritable (a full disk)
+    is an OutputError, as it is for audio: not a silent success, nor a traceback."""
+    if sys.stdout is None:
+        raise OutputError("standard output is closed")
+    try:
+        sys.stdout.write("".join(f"{line}\n" for line in lines))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise _cannot_write("standard output", exc) from None
+
+
 class AudioOutput:
     """An open output: `write` audio bytes, then `finish_wav` to put the real sizes into a WAV
     header written for streaming (only in a file of our own: standard output or a device may

@@ -44,6 +44,17 @@ def test_status_and_voices(daemon: Daemon) -> None:
     assert listing["default"] in [v["id"] for v in listing["voices"]]
 
 
+@pytest.mark.parametrize("command", [["status"], ["voices", "--json"], ["cache", "clear", "--tag", "none"]])
+def test_reports_that_cannot_be_written_are_said_so(daemon: Daemon, command: list[str]) -> None:
+    # As for audio (exit 2, one line), not a traceback with exit 1, which means the daemon refused.
+    with open("/dev/full", "wb") as full:
+        done = edgectl(*command, socket_path=daemon.socket, stdout=full)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.decode().strip() == "edgectl: cannot write standard output: No space left on device"
+    closed = edgectl(*command, socket_path=daemon.socket, stdout=None, pass_fds=(), preexec_fn=lambda: os.close(1))
+    assert closed.returncode == 2 and b"standard output is closed" in closed.stderr, closed.stderr
+
+
 def test_daemon_errors_are_reported(daemon: Daemon, tmp_path: Path) -> None:
     done = edgectl("synth", "Hi.", "--voice", "xx_XX-nobody", "-o", str(tmp_path / "x.wav"),
                    socket_path=daemon.socket)
