@@ -106,7 +106,7 @@ def speech_body(data: dict[str, Any], max_text_chars: int) -> SpeechBody:
     voice = _optional_str(data, "voice")
     if voice is None:
         raise BadInput("missing field 'voice'")
-    if data.get("stream_format", "audio") != "audio":  # it would change the answer's shape
+    if _given(data, "stream_format", "audio") != "audio":  # it would change the answer's shape
         raise BadInput(f"stream_format {_shown(data['stream_format'])} is not supported; the audio is "
                        "streamed as it is made (\"audio\")")
     return SpeechBody(
@@ -140,6 +140,13 @@ def _text(data: dict[str, Any], name: str, max_chars: int) -> str:
     return text
 
 
+def _given(data: dict[str, Any], name: str, default: Any) -> Any:
+    """The field's value; `default` if it is missing or null (OpenAI's SDKs send null for an
+    argument given as None)."""
+    value = data.get(name)
+    return default if value is None else value
+
+
 def _optional_str(data: dict[str, Any], name: str) -> str | None:
     value = data.get(name)
     if value is not None and not isinstance(value, str):
@@ -148,7 +155,7 @@ def _optional_str(data: dict[str, Any], name: str) -> str | None:
 
 
 def _speed(data: dict[str, Any]) -> float:
-    speed = data.get("speed", 1.0)
+    speed = _given(data, "speed", 1.0)
     if isinstance(speed, bool) or not isinstance(speed, (int, float)):
         raise BadInput("field 'speed' must be a number")
     low, high = SPEED_RANGE
@@ -158,7 +165,7 @@ def _speed(data: dict[str, Any]) -> float:
 
 
 def _format(data: dict[str, Any], name: str) -> AudioFormat:
-    value = data.get(name, "wav")
+    value = _given(data, name, "wav")
     if value not in FORMATS:
         raise BadInput(f"field {name!r} must be one of {', '.join(FORMATS)}, not {_shown(value)}")
     return cast(AudioFormat, value)

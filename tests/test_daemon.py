@@ -76,6 +76,10 @@ def test_openai_speech_maps_openai_voice_names_to_the_default(daemon: Daemon) ->
     assert pcm.status == 400 and "24000 Hz" in pcm.json()["error"]["message"]
     events = daemon.request("POST", "/v1/audio/speech", {"input": SHORT, "voice": "nova", "stream_format": "sse"})
     assert events.status == 400 and "stream_format" in events.json()["error"]["message"]
+    # OpenAI's SDKs send null for an argument given as None: not given, as for "voice" elsewhere.
+    nulls = daemon.request("POST", "/v1/audio/speech", {"input": SHORT, "voice": "nova", "speed": None,
+                                                         "response_format": None, "stream_format": None})
+    assert nulls.status == 200 and nulls.body[:4] == b"RIFF", nulls.body[:200]
 
 
 def test_openai_voice_names_are_mapped_whatever_their_case(tmp_path: Path, bundle_dir: Path) -> None:
@@ -255,11 +259,19 @@ def test_complete_headers_over_the_limit_are_refused_and_under_it_served(daemon:
     b"POST /v1/synthesize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
 ])
 def test_requests_the_parser_rejects_get_a_json_400(daemon: Daemon, request_bytes: bytes) -> None:
+    counted_before = _requests_counted(daemon, "other", 400)
     with daemon.connect() as sock:
         sock.sendall(request_bytes)
         status, body = read_head(sock)
         assert status == 400 and json.loads(body)["error"]["code"] == "bad_request"
         assert sock.recv(1024) == b""
+    assert _requests_counted(daemon, "other", 400) == counted_before + 1
+
+
+def _requests_counted(daemon: Daemon, route: str, status: int) -> float:
+    needle = f'edged_requests_total{{route="{route}",status="{status}"}} '
+    lines = [line for line in daemon.get("/metrics").body.decode().splitlines() if line.startswith(needle)]
+    return float(lines[0].split()[-1]) if lines else 0.0
 
 
 PIPELINED_HEALTH = b"GET /v1/health HTTP/1.1\r\nHost: edged\r\n"
