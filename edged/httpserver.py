@@ -62,9 +62,10 @@ class EdgedProtocol(HttpToolsProtocol):
     No client blocks another either way: each connection is served independently by the loop."""
 
     def __init__(self, *args: Any, header_timeout_s: float, write_timeout_s: float, max_header_bytes: int,
-                 max_open: int, **kwargs: Any) -> None:
+                 max_open: int, metrics: Metrics, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.max_open = max_open
+        self.metrics = metrics
         self.header_timeout_s = header_timeout_s
         self.abort_after_s = write_timeout_s + ABORT_AFTER_STALL_S
         """Writes paused this long (the client reads nothing) drop the connection."""
@@ -166,6 +167,7 @@ class EdgedProtocol(HttpToolsProtocol):
         if any(cycle.response_started for cycle in self._running_cycles()):
             self.transport.close()
             return
+        self.metrics.count_request("other", error.http_status)  # no route: the request is unreadable
         body = json.dumps(error_json(error)).encode()
         status = HTTPStatus(error.http_status)
         self.transport.write(
@@ -341,6 +343,6 @@ async def start_http(daemon: Daemon, sock: socket.socket) -> HttpServer:
                                 header_timeout_s=settings.header_timeout_s,
                                 write_timeout_s=daemon.settings.pipeline.output.timeout_s,
                                 max_header_bytes=daemon.settings.limits.max_header_bytes,
-                                max_open=OPEN_CONNECTIONS_PER_LIMIT * limit)
+                                max_open=OPEN_CONNECTIONS_PER_LIMIT * limit, metrics=metrics)
     server = await asyncio.get_running_loop().create_server(factory, sock=sock)
     return HttpServer(server, state, metrics)

@@ -195,6 +195,8 @@ def _cache_metrics(c: dict[str, Any]) -> Iterator[Any]:
     yield GaugeMetricFamily("edged_cache_stream_buffer_bytes", "Audio held for the streams of syntheses being cached.",
                             value=c["stream_buffer_bytes"])
     warm = c["warm"]
-    yield GaugeMetricFamily("edged_cache_warm_total", "Warm-up phrases asked for.", value=warm["total"])
-    yield GaugeMetricFamily("edged_cache_warm_done", "Warm-up phrases handled.", value=warm["done"])
-    yield CounterMetricFamily("edged_cache_warm_failed", "Warm-up phrases that failed.", value=warm["failed"])
+    for name, doc in (("requested", "Warm-up phrases asked for."), ("done", "Warm-up phrases handled."),
+                      ("synthesized", "Warm-up phrases synthesized (not cached already)."),
+                      ("empty", "Warm-up phrases with nothing to pronounce (nothing stored)."),
+                      ("failed", "Warm-up phrases that failed.")):
+        yield CounterMetricFamily(f"edged_cache_warm_{name}", doc, value=warm["total" if name == "requested" else name])

@@ -149,7 +149,9 @@ def test_warm_up_fills_the_cache_and_reports_progress(cached: Daemon) -> None:
         assert _synth(cached, text).headers["x-edged-cache"] == "hit"
     assert cached.status()["cache"]["memory_hits"] == warmed["memory_hits"] + 2
     metrics = cached.get("/metrics").body.decode()
-    assert f"edged_cache_warm_done {float(target)}" in metrics
+    assert f"edged_cache_warm_done_total {float(target)}" in metrics  # counters: they only go up
+    assert f"edged_cache_warm_requested_total {float(target)}" in metrics
+    assert f"edged_cache_warm_synthesized_total {float(warmed['warm']['synthesized'])}" in metrics
     assert 'edged_cache_lookups_total{result="hit",tier="memory"}' in metrics
     unknown = cached.request("POST", "/v1/cache/warm", '["fine", {"text": "x", "voice": "xx_XX-nobody"}]')
     assert unknown.status == 404
