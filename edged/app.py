@@ -22,6 +22,7 @@ from .asgi import (
     Scope,
     Send,
     read_body,
+    send_body,
     send_error,
     send_json,
     wait_disconnect,
@@ -148,18 +149,14 @@ class App:
 
     async def metrics_text(self, scope: Scope, receive: Receive, send: Send) -> None:
         body, content_type = self.metrics.render()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", content_type.encode()),
-                                (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+        await send_body(send, 200, body, content_type)
 
     # -- the cache (administrative) ------------------------------------------------------------------
 
     async def cache_clear(self, scope: Scope, receive: Receive, send: Send) -> None:
         """DELETE /v1/cache[?voice=V&version=X&tag=T] (or the same as a JSON body): drop entries."""
         require_admin(scope.get("edged.peer"), self.settings.server.admin_group)
-        limits, server = self.settings.limits, self.settings.server
-        raw = await read_body(scope, receive, limits.max_body_bytes, server.body_timeout_s)
+        raw = await self._body(scope, receive)
         query = parse_query(scope.get("query_string", b""))
         body = parse_json(raw) if raw.strip() else {}
         if query and body:  # one would silently override the other
@@ -173,9 +170,7 @@ class App:
         """POST /v1/cache/warm: queue phrases; the missing ones are synthesized at low priority.
         Answers at once (202) with the progress, which /v1/status and /metrics follow."""
         require_admin(scope.get("edged.peer"), self.settings.server.admin_group)
-        limits, server = self.settings.limits, self.settings.server
-        raw = await read_body(scope, receive, limits.max_body_bytes, server.body_timeout_s)
-        phrases = warm_body(raw, limits.max_text_chars)
+        phrases = warm_body(await self._body(scope, receive), self.settings.limits.max_text_chars)
         service = self._cache_service()
         for i, phrase in enumerate(phrases):  # unknown voices are refused now, not found out later
             try:
@@ -231,8 +226,11 @@ class App:
             raise
 
     async def _json(self, scope: Scope, receive: Receive) -> dict[str, object]:
-        limits, server = self.settings.limits, self.settings.server
-        return parse_json(await read_body(scope, receive, limits.max_body_bytes, server.body_timeout_s))
+        return parse_json(await self._body(scope, receive))
+
+    async def _body(self, scope: Scope, receive: Receive) -> bytes:
+        return await read_body(scope, receive, self.settings.limits.max_body_bytes,
+                               self.settings.server.body_timeout_s)
 
     async def _stream_audio(self, receive: Receive, send: Send, request: SynthesisRequest,
                             route: str, started: float, tag: str | None = None) -> None:

@@ -65,11 +65,15 @@ async def wait_disconnect(receive: Receive) -> None:
 
 
 async def send_json(send: Send, status: int, data: Any, headers: Iterable[Header] = ()) -> None:
-    body = json.dumps(data, ensure_ascii=False).encode("utf-8")
+    await send_body(send, status, json.dumps(data, ensure_ascii=False).encode("utf-8"), "application/json", headers)
+
+
+async def send_body(send: Send, status: int, body: bytes, content_type: str, headers: Iterable[Header] = ()) -> None:
+    """A whole answer of known length."""
     await send({
         "type": "http.response.start",
         "status": status,
-        "headers": [(b"content-type", b"application/json"),
+        "headers": [(b"content-type", content_type.encode()),
                     (b"content-length", str(len(body)).encode()), *headers],
     })
     await send({"type": "http.response.body", "body": body})

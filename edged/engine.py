@@ -27,6 +27,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import (
 
 from .bundle import Manifest, Precision, read_manifest, verify_files
 from .errors import BadInput, BundleError
+from .messages import SPEED_RANGE
 from .phonemes import PieceLimits, pieces_ids, start_espeak
 from .sessions import SessionSettings, open_session
 from .windows import Window, fixed_windows, growing_windows
@@ -50,8 +51,9 @@ class SynthesisParams:
     noise_w: float | None = None
 
     def __post_init__(self) -> None:
-        if not 0.25 <= self.speed <= 4.0:
-            raise BadInput("speed must be between 0.25 and 4.0")
+        low, high = SPEED_RANGE
+        if not low <= self.speed <= high:
+            raise BadInput(f"speed must be between {low} and {high}")
         for name in ("noise_scale", "noise_w"):
             value = getattr(self, name)
             if value is not None and not 0.0 <= value <= 2.0:

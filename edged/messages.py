@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal, cast, get_args
 from urllib.parse import parse_qs
 
 from .bundle import NAME_MAX
@@ -17,9 +17,10 @@ from .errors import BadInput, TextTooLong
 AudioFormat = Literal["wav", "pcm"]
 CONTENT_TYPES: dict[str, str] = {"wav": "audio/wav", "pcm": "application/octet-stream"}
 """The Content-Type of each audio format's answer."""
-FORMATS: tuple[AudioFormat, ...] = ("wav", "pcm")
+FORMATS: tuple[AudioFormat, ...] = get_args(AudioFormat)
 SPEED_RANGE = (0.25, 4.0)
-"""The engine's own bounds (SynthesisParams); checked here too so bad input fails before admission."""
+"""Speaking rates the engine takes (SynthesisParams); here, where edgectl can import them without
+the engine, and so that a request is checked before admission."""
 
 
 @dataclass(frozen=True)
