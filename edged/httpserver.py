@@ -82,6 +82,8 @@ class EdgedProtocol(HttpToolsProtocol):
         """Bytes of this request's line and complete headers as the parser hands them over: they
         count also what a read brought after the end of an earlier (pipelined) request."""
         self._refusal: EdgedError | None = None
+        self._refuse_after_answers: EdgedError | None = None
+        """A refusal that waits for the answers to the whole requests received before it."""
         self._earlier: list[Any] = []
         """Cycles (uvicorn's RequestResponseCycle) of pipelined requests whose responses were
         still running when a later request's headers came: uvicorn tells only the latest cycle
@@ -110,7 +112,7 @@ class EdgedProtocol(HttpToolsProtocol):
                 self._refuse(self._headers_too_large())
                 return
             self._header_bytes += len(data)
-            self._tail = (self._tail + data)[-(len(HEADERS_END) - 1):]
+            self._tail = (self._tail + data[-(len(HEADERS_END) - 1):])[-(len(HEADERS_END) - 1):]
         super().data_received(data)
 
     def send_400_response(self, msg: str) -> None:
@@ -160,11 +162,26 @@ class EdgedProtocol(HttpToolsProtocol):
         warnings for each would let any local client fill the journal."""
 
     def _refuse(self, error: EdgedError) -> None:
-        """Answer outside the app, as the parser cannot go on, and close (without an answer in
-        the middle of one under way: bytes the parser cannot read came behind a request)."""
+        """Answer outside the app, as the parser cannot go on, and close. Whole requests received
+        before the bytes it cannot read are answered first; the refusal is the answer after theirs
+        (not in the middle of one: it would be read as part of it)."""
         if self.transport.is_closing():
             return
-        if any(cycle.response_started for cycle in self._running_cycles()):
+        if self._whole_requests():
+            self._refuse_after_answers = error
+            self.transport.pause_reading()
+            return
+        self._send_refusal(error)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._refuse_after_answers is not None and not self._running_cycles():
+            self._send_refusal(self._refuse_after_answers)
+
+    def _send_refusal(self, error: EdgedError) -> None:
+        if self.transport.is_closing():  # the last answer closed it (its request said so)
+            return
+        if any(cycle.response_started for cycle in self._running_cycles()):  # never inside an answer
             self.transport.close()
             return
         self.metrics.count_request("other", error.http_status)  # no route: the request is unreadable
@@ -195,15 +212,21 @@ class EdgedProtocol(HttpToolsProtocol):
         answer, ends the connection at once (None)."""
         if self._peer_closed():
             return None
-        incomplete = self.cycle if self.cycle is not None and self.cycle.more_body else None
-        whole = [c for c in self._running_cycles() if c is not incomplete]
+        whole = self._whole_requests()
         if not whole:
             return None
-        if incomplete is not None:  # queued behind the whole ones (one runs at a time): never run
-            self.pipeline = type(self.pipeline)(item for item in self.pipeline if item[0] is not incomplete)
         whole[-1].keep_alive = False  # closed once the last whole request is answered
         self._hangup_timer = self.loop.call_later(HANGUP_POLL_S, self._watch_for_hangup)
         return True
+
+    def _whole_requests(self) -> list[Any]:
+        """Cycles of the requests received whole and not yet answered, when nothing more is to be
+        read: a request left incomplete behind them (a body cut short) is dropped, never run."""
+        incomplete = self.cycle if self.cycle is not None and self.cycle.more_body else None
+        whole = [c for c in self._running_cycles() if c is not incomplete]
+        if whole and incomplete is not None:  # queued behind the whole ones (one runs at a time)
+            self.pipeline = type(self.pipeline)(item for item in self.pipeline if item[0] is not incomplete)
+        return whole
 
     def _watch_for_hangup(self) -> None:
         """Reading stopped at the end of input, so a client that then closes altogether would be
