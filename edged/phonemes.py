@@ -62,7 +62,7 @@ def sentences(text: str, espeak_voice: str) -> Iterator[list[str]]:
     ("[[ h@loU ]]") are taken as Piper takes them: as they are, in the sentence they stand in."""
     if not text.strip():
         raise BadInput("text is empty")
-    parts = _RAW_PHONEMES.split(text)  # text, [[phonemes]], text, ...
+    parts = _split_written(text)  # text, [[phonemes]], text, ...
     last = len(parts) // 2  # the text after the last written phonemes (all of it, if none)
     held: list[str] = []  # the last sentence, while phonemes written after it may join it
     for i, part_sentences in enumerate(_sentences_of_each(parts[::2], espeak_voice)):
@@ -78,6 +78,16 @@ def sentences(text: str, espeak_voice: str) -> Iterator[list[str]]:
                 yield from _spoken([held])
                 held = []
     yield from _spoken([held])
+
+
+def _split_written(text: str) -> list[str]:
+    """The text cut into text, written phonemes, text, ... as Piper cuts it. Piper takes any part
+    that begins with "[[" as phonemes, closed or not: an unclosed "[[" at the start of the text or
+    right after "]]" makes the rest phonemes (less its last two characters)."""
+    parts: list[str] = []
+    for i, part in enumerate(_RAW_PHONEMES.split(text)):
+        parts += ["", part, ""] if i % 2 == 0 and part.startswith("[[") else [part]
+    return parts
 
 
 def _written_phonemes(parts: list[str], i: int) -> list[str]:

@@ -19,7 +19,8 @@ MAX_BLOCK_CHARS = 8000
 """A block grows up to this while no sentence end in it is confirmed (a list without stops, say),
 since Piper reads on there; past it, the likeliest place is taken unconfirmed."""
 MAX_CHECKS = 8
-"""Candidate cuts asked about per block (~2 ms each); the first is nearly always it."""
+"""Candidate cuts asked about in each BLOCK_CHARS a block grows by (~2 ms each); the first is
+nearly always it."""
 
 _CLOSING = "'\")\\]\u2019\u201d\u300d\u300f"
 _SENTENCE_END = re.compile(
@@ -48,14 +49,13 @@ def text_blocks(
 
 def _confirmed_block(text: str, start: int, block_chars: int, ends_sentence: Callable[[str, int], bool]) -> int:
     """Length of a block that ends at a confirmed sentence end (all the rest, if it fits), else 0.
-    The block grows by `block_chars` at a time, checking the candidates the growth added, at most
-    MAX_CHECKS in all (a check of slow words takes espeak-ng ~50 ms)."""
-    checks = MAX_CHECKS
+    The block grows by `block_chars` at a time, checking at most MAX_CHECKS of the candidates each
+    growth added (a check of slow words takes espeak-ng ~50 ms): with one budget for all of them,
+    ". and" after ". and" (places espeak-ng reads on) used it up before a real end was reached."""
     for size in range(block_chars, max(MAX_BLOCK_CHARS, block_chars) + 1, block_chars):
         if len(text) - start <= size:
             return len(text) - start
-        for candidate in likely_sentence_ends(text, start, size, since=size - block_chars)[:checks]:
-            checks -= 1
+        for candidate in likely_sentence_ends(text, start, size, since=size - block_chars)[:MAX_CHECKS]:
             if ends_sentence(text, start + candidate):
                 return candidate
     return 0

@@ -146,6 +146,10 @@ def test_a_text_does_not_change_how_the_next_one_is_read(piper_voice: PiperVoice
     "See [[Paris]] now.", "Say [[h\u0259l\u02c8o\u028a]].", "[[h\u0259l\u02c8o\u028a]] world. Next one.",
     "A. [[b]] [[c]] d. E [[f]]", "x [[a]][[b]] y.", "First. Second [[w\u02c8\u025c\u02d0ld]]. Third.",
     "Hi [[ t\u02c8u\u02d0 ]], you.", "Unclosed [[ here.", "Over [[two\nlines]] is text.",
+    # An unclosed "[[" that begins the text, or follows "]]": the rest is phonemes to Piper.
+    "[[hello world", "[[e", "[[a]][[b c d", "[[1] First item.", "[[a\nb]] c",
+    # espeak-ng's state (here a number's grouping) does not cross from one part to the next.
+    "4547568\ts[[]]20189,506,995",
 ])
 def test_phonemes_written_in_the_text_are_taken_as_piper_takes_them(piper_voice: PiperVoice, text: str) -> None:
     # Piper reads "[[ ... ]]" as phonemes, not text: edged read them out ("bracket h schwa ...").
