@@ -84,6 +84,8 @@ class EdgedProtocol(HttpToolsProtocol):
         self._refusal: EdgedError | None = None
         self._refuse_after_answers: EdgedError | None = None
         """A refusal that waits for the answers to the whole requests received before it."""
+        self._answered_first: list[Any] = []
+        """The cycles of those requests."""
         self._earlier: list[Any] = []
         """Cycles (uvicorn's RequestResponseCycle) of pipelined requests whose responses were
         still running when a later request's headers came: uvicorn tells only the latest cycle
@@ -104,6 +106,9 @@ class EdgedProtocol(HttpToolsProtocol):
         self._arm_header_timer()
 
     def data_received(self, data: bytes) -> None:
+        if self._refuse_after_answers is not None:  # uvicorn resumed reading: nothing more is read
+            self.transport.pause_reading()
+            return
         if self._reading_headers:
             # The headers must end within the bytes left to them; what follows their end in the
             # same read (a body, a pipelined request) is not theirs.
@@ -165,17 +170,19 @@ class EdgedProtocol(HttpToolsProtocol):
         """Answer outside the app, as the parser cannot go on, and close. Whole requests received
         before the bytes it cannot read are answered first; the refusal is the answer after theirs
         (not in the middle of one: it would be read as part of it)."""
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self._refuse_after_answers is not None:
             return
-        if self._whole_requests():
-            self._refuse_after_answers = error
-            self.transport.pause_reading()
+        self._answered_first = self._whole_requests()
+        if not self._answered_first:
+            self._send_refusal(error)
             return
-        self._send_refusal(error)
+        self._refuse_after_answers = error
+        self.transport.pause_reading()
+        self._poll_for_hangup()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if self._refuse_after_answers is not None and not self._running_cycles():
+        if self._refuse_after_answers is not None and all(c.response_complete for c in self._answered_first):
             self._send_refusal(self._refuse_after_answers)
 
     def _send_refusal(self, error: EdgedError) -> None:
@@ -216,7 +223,7 @@ class EdgedProtocol(HttpToolsProtocol):
         if not whole:
             return None
         whole[-1].keep_alive = False  # closed once the last whole request is answered
-        self._hangup_timer = self.loop.call_later(HANGUP_POLL_S, self._watch_for_hangup)
+        self._poll_for_hangup()
         return True
 
     def _whole_requests(self) -> list[Any]:
@@ -228,16 +235,21 @@ class EdgedProtocol(HttpToolsProtocol):
             self.pipeline = type(self.pipeline)(item for item in self.pipeline if item[0] is not incomplete)
         return whole
 
+    def _poll_for_hangup(self) -> None:
+        """Reading has stopped (at the end of input, or at bytes that are not HTTP), so a client
+        that then closes would be found out only by the next write: a request waiting for a
+        synthesis slot would keep its place in the queue. Look every HANGUP_POLL_S instead."""
+        if self._hangup_timer is None:
+            self._hangup_timer = self.loop.call_later(HANGUP_POLL_S, self._watch_for_hangup)
+
     def _watch_for_hangup(self) -> None:
-        """Reading stopped at the end of input, so a client that then closes altogether would be
-        found out only by the next write: a request waiting for a synthesis slot would keep it."""
         self._hangup_timer = None
         if self.transport.is_closing():
             return
         if self._peer_closed():
             self.transport.abort()
         elif self._running_cycles():
-            self._hangup_timer = self.loop.call_later(HANGUP_POLL_S, self._watch_for_hangup)
+            self._poll_for_hangup()
 
     def _peer_closed(self) -> bool:
         """Whether the client closed its socket, not only its sending side: on a Unix socket the
