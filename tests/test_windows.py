@@ -27,6 +27,12 @@ def test_growing_windows_cover_every_frame_once(n_frames: int) -> None:
         assert w.in_end - w.keep_end == min(32, n_frames - w.keep_end)
 
 
+def test_a_short_prompt_is_two_windows() -> None:
+    # A 1 s prompt (106 frames) was three (16 + 64 + 26), each running its context again.
+    windows = growing_windows(106, first=16, largest=256, context=12)
+    assert [w.keep_end - w.keep_start for w in windows] == [16, 90]
+
+
 def test_a_later_piece_starts_as_large_as_the_audio_before_it() -> None:
     windows = growing_windows(1000, first=16, largest=512, context=32, produced=134)
     _assert_covers(windows, 1000)
