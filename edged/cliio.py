@@ -18,7 +18,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TextIO
 
 from .wav import write_sizes
 
@@ -80,15 +80,8 @@ def read_text(arg: str) -> str:
 def print_report(lines: list[str]) -> None:
     """A command's report on standard output. Standard output closed or unwritable (a full disk)
     is an OutputError, as it is for audio: not a silent success, nor a traceback."""
-    if sys.stdout is None:
-        raise OutputError("standard output is closed")
-    try:
-        sys.stdout.write("".join(f"{line}\n" for line in lines))
-        sys.stdout.flush()
-    except BrokenPipeError:
-        raise
-    except OSError as exc:
-        raise _cannot_write("standard output", exc) from None
+    stdout = _stdout()
+    _write(stdout.buffer, "standard output", "".join(f"{line}\n" for line in lines).encode(stdout.encoding, "replace"))
 
 
 class AudioOutput:
@@ -103,13 +96,7 @@ class AudioOutput:
         self.written = 0
 
     def write(self, data: bytes) -> None:
-        try:
-            self._file.write(data)
-            self._file.flush()  # a player reading the output starts at once
-        except BrokenPipeError:
-            raise
-        except OSError as exc:
-            raise _cannot_write(self.name, exc) from None
+        _write(self._file, self.name, data)  # flushed: a player reading the output starts at once
         self.written += len(data)
 
     def finish_wav(self) -> None:
@@ -137,9 +124,7 @@ def check_writable(path: Path) -> None:
 def open_output(path: Path | None) -> Iterator[AudioOutput]:
     """An output to `path`, or to standard output when `path` is None."""
     if path is None:
-        if sys.stdout is None:
-            raise OutputError("standard output is closed")
-        yield AudioOutput(sys.stdout.buffer, "standard output", own_file=False)
+        yield AudioOutput(_stdout().buffer, "standard output", own_file=False)
         return
     check_writable(path)
     # /dev/stdout and its like are written where they point, appending: opened afresh, a regular
@@ -190,6 +175,23 @@ def _closing(file: BinaryIO, path: Path) -> Iterator[None]:
         file.close()
     except OSError as exc:
         raise _cannot_write(path, exc) from None
+
+
+def _stdout() -> TextIO:
+    if sys.stdout is None:  # started with it closed (>&-)
+        raise OutputError("standard output is closed")
+    return sys.stdout
+
+
+def _write(file: BinaryIO, name: str, data: bytes) -> None:
+    """Write and flush `data`; a failure is an OutputError, except a reader gone (BrokenPipeError)."""
+    try:
+        file.write(data)
+        file.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise _cannot_write(name, exc) from None
 
 
 def _cannot_write(path: Path | str, exc: OSError) -> OutputError:

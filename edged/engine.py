@@ -152,9 +152,9 @@ class Voice:
 
         `throughput` plans the largest windows from the start, for when first audio matters less
         than throughput (requests queue behind this one, or it is a background synthesis): the
-        small first window pays for its context again, which made a 1 s prompt cost ~30% more in
-        all (tools.bench's short text, 51 against 39 ms in process). The fixed-shape mode keeps
-        its one shape anyway.
+        small first window pays for its context again, which makes a 1 s prompt cost ~18% more in
+        all (tools.bench's short text, 54-56 against 46-47 ms in process). The fixed-shape mode
+        keeps its one shape anyway.
         """
         streaming = self.manifest.streaming
         if self.settings.fixed_shape:

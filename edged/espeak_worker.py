@@ -190,9 +190,9 @@ def _stop(child: subprocess.Popen[bytes]) -> None:
 # -- the child ------------------------------------------------------------------------------------
 
 
-def _phonemizer() -> tuple[Any, Callable[[str], None], Callable[[], None]]:
-    """piper-tts's EspeakPhonemizer, imported without the piper package's __init__, the function
-    that selects its voice, and the one a fork calls first (see _set_voice_only_on_change)."""
+def _phonemizer() -> tuple[Any, Callable[[str], None]]:
+    """piper-tts's EspeakPhonemizer, imported without the piper package's __init__, and the
+    function with which the child selects its voice (see _set_voice_only_on_change)."""
     import importlib.util
     import types
 
@@ -206,9 +206,8 @@ def _phonemizer() -> tuple[Any, Callable[[str], None], Callable[[], None]]:
     from piper.phonemize_espeak import EspeakPhonemizer
 
     phonemizer = EspeakPhonemizer()
-    select_voice, select_for_every_text = _set_voice_only_on_change(espeakbridge)
     _forget_a_trailing_dot(phonemizer, espeakbridge)
-    return phonemizer, select_voice, select_for_every_text
+    return phonemizer, _set_voice_only_on_change(espeakbridge.set_voice)
 
 
 def _forget_a_trailing_dot(phonemizer: Any, bridge: Any) -> None:
@@ -224,15 +223,14 @@ def _forget_a_trailing_dot(phonemizer: Any, bridge: Any) -> None:
     phonemizer.phonemize = phonemize_alone
 
 
-def _set_voice_only_on_change(bridge: Any) -> tuple[Callable[[str], None], Callable[[], None]]:
+def _set_voice_only_on_change(select_voice: Callable[[str], None]) -> Callable[[str], None]:
     """espeak-ng copies the voice on every set_voice and frees the copy only when it makes sound,
     which a phonemizer never does (speech.c DoVoiceChange); Piper's phonemize() sets the voice on
-    every call, so a daemon leaked ~1.3 KB per request (+13 MB per 10,000). In the child, selecting
-    the voice that is already selected is skipped (it selects it once, before it forks, for the
-    forks to inherit). A fork selects it for every text again, as Piper does (~0.1 ms): that resets
-    espeak-ng's state between the parts of a text around "[[ ]]" (a number's grouping), and the
-    copies leak only until the fork exits. Returns the child's function and the fork's switch."""
-    select_voice = bridge.set_voice
+    every call, so a daemon that phonemized in place leaked ~1.3 KB per request (+13 MB per
+    10,000). The child selects the voice only when it changes, before it forks, and never
+    phonemizes itself. Its forks phonemize with Piper's phonemize(), which selects the voice for
+    every text, as in Piper (~0.1 ms): that resets espeak-ng's state between the parts of a text
+    around "[[ ]]" (a number's grouping), and its copies leak only until the fork exits."""
     selected: list[str] = []
 
     def set_voice(voice: str) -> None:
@@ -240,11 +238,7 @@ def _set_voice_only_on_change(bridge: Any) -> tuple[Callable[[str], None], Calla
             select_voice(voice)
             selected[:] = [voice]
 
-    def select_for_every_text() -> None:
-        bridge.set_voice = select_voice
-
-    bridge.set_voice = set_voice
-    return set_voice, select_for_every_text
+    return set_voice
 
 
 class _Fork:
@@ -254,7 +248,7 @@ class _Fork:
     still costs ~3 ms more than read in place (3.5 against 0.5 ms for a short one): the pages both
     processes write to after the fork are copied."""
 
-    def __init__(self, phonemizer: Any, voice: str, in_fork: Callable[[], None]) -> None:
+    def __init__(self, phonemizer: Any, voice: str) -> None:
         self.voice = voice
         made: list[int] = []
         try:
@@ -270,7 +264,6 @@ class _Fork:
             status = 1
             try:
                 _keep_only_fds(2, text_in, reply_out)
-                in_fork()
                 _serve_request(phonemizer, voice, text_in, reply_out)
                 status = 0
             except BaseException:  # noqa: BLE001 (said on stderr; the parent refuses the text)
@@ -349,7 +342,7 @@ def main() -> int:
     # of into the replies.
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
-    phonemizer, select_voice, in_fork = _phonemizer()
+    phonemizer, select_voice = _phonemizer()
     fork: _Fork | None = None
     exiting: list[_Fork] = []  # forks that have replied, reaped once they have exited
     for line in sys.stdin.buffer:
@@ -362,7 +355,7 @@ def main() -> int:
         try:
             if fork is None:
                 select_voice(request["voice"])  # here, not in the fork: selecting leaks a copy each time
-                fork = _Fork(phonemizer, request["voice"], in_fork)
+                fork = _Fork(phonemizer, request["voice"])
         except OSError as exc:  # no fork (out of processes or memory): not the text's fault
             reply = {"unavailable": str(exc)}
         except Exception as exc:  # noqa: BLE001 (an unknown voice: the parent raises it as BadInput)
@@ -375,7 +368,7 @@ def main() -> int:
         if used is not None:  # the next request's fork, while the parent has the reply
             exiting.append(used)
             with contextlib.suppress(OSError):  # none now (out of processes): the next request tries
-                fork = _Fork(phonemizer, used.voice, in_fork)
+                fork = _Fork(phonemizer, used.voice)
         exiting = [done for done in exiting if not done.reap(wait=False)]
     if fork is not None:
         fork.discard()

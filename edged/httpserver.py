@@ -106,8 +106,8 @@ class EdgedProtocol(HttpToolsProtocol):
         self._arm_header_timer()
 
     def data_received(self, data: bytes) -> None:
-        if self._refuse_after_answers is not None:  # uvicorn resumed reading: nothing more is read
-            self.transport.pause_reading()
+        if self._refuse_after_answers is not None:  # uvicorn resumes reading (after each answer,
+            self.transport.pause_reading()            # and as the app waits for a hang-up): ignored
             return
         if self._reading_headers:
             # The headers must end within the bytes left to them; what follows their end in the
@@ -170,7 +170,7 @@ class EdgedProtocol(HttpToolsProtocol):
         """Answer outside the app, as the parser cannot go on, and close. Whole requests received
         before the bytes it cannot read are answered first; the refusal is the answer after theirs
         (not in the middle of one: it would be read as part of it)."""
-        if self.transport.is_closing() or self._refuse_after_answers is not None:
+        if self.transport.is_closing():
             return
         self._answered_first = self._whole_requests()
         if not self._answered_first:
@@ -219,6 +219,8 @@ class EdgedProtocol(HttpToolsProtocol):
         answer, ends the connection at once (None)."""
         if self._peer_closed():
             return None
+        if self._refuse_after_answers is not None:  # the refusal comes after them and closes
+            return True
         whole = self._whole_requests()
         if not whole:
             return None

@@ -181,22 +181,22 @@ def _cache_metrics(c: dict[str, Any]) -> Iterator[Any]:
     for reason, count in c["disk_store_failures"].items():
         failures.add_metric([reason], count)
     yield failures
-    for name, key, doc in (
-        ("edged_cache_disk_writes_skipped", "disk_store_skipped", "Disk writes skipped (queue full, disk paused)."),
-        ("edged_cache_corrupt_dropped", "disk_corrupt_dropped", "Disk entries dropped as corrupt."),
-        ("edged_cache_joined", "joined", "Requests that joined an identical synthesis under way."),
-        ("edged_cache_stale_dropped", "stale_dropped", "Entries dropped as expired or invalidated."),
-        ("edged_cache_not_stored", "not_stored", "Finished syntheses not stored (too long, invalidated)."),
+    warm = c["warm"]
+    for name, value, doc in (
+        ("edged_cache_disk_writes_skipped", c["disk_store_skipped"], "Disk writes skipped (queue full, disk paused)."),
+        ("edged_cache_corrupt_dropped", c["disk_corrupt_dropped"], "Disk entries dropped as corrupt."),
+        ("edged_cache_joined", c["joined"], "Requests that joined an identical synthesis under way."),
+        ("edged_cache_stale_dropped", c["stale_dropped"], "Entries dropped as expired or invalidated."),
+        ("edged_cache_not_stored", c["not_stored"], "Finished syntheses not stored (too long, invalidated)."),
+        ("edged_cache_warm_requested", warm["total"], "Warm-up phrases asked for."),
+        ("edged_cache_warm_done", warm["done"], "Warm-up phrases handled."),
+        ("edged_cache_warm_synthesized", warm["synthesized"], "Warm-up phrases synthesized (not cached already)."),
+        ("edged_cache_warm_empty", warm["empty"], "Warm-up phrases with nothing to pronounce (nothing stored)."),
+        ("edged_cache_warm_failed", warm["failed"], "Warm-up phrases that failed."),
     ):
-        yield CounterMetricFamily(name, doc, value=c[key])
+        yield CounterMetricFamily(name, doc, value=value)
     yield GaugeMetricFamily("edged_cache_in_flight", "Syntheses under way through the cache.", value=c["in_flight"])
     yield GaugeMetricFamily("edged_cache_write_queue_bytes", "Audio waiting for the disk writer.",
                             value=c["write_queue_bytes"])
     yield GaugeMetricFamily("edged_cache_stream_buffer_bytes", "Audio held for the streams of syntheses being cached.",
                             value=c["stream_buffer_bytes"])
-    warm = c["warm"]
-    for name, doc in (("requested", "Warm-up phrases asked for."), ("done", "Warm-up phrases handled."),
-                      ("synthesized", "Warm-up phrases synthesized (not cached already)."),
-                      ("empty", "Warm-up phrases with nothing to pronounce (nothing stored)."),
-                      ("failed", "Warm-up phrases that failed.")):
-        yield CounterMetricFamily(f"edged_cache_warm_{name}", doc, value=warm["total" if name == "requested" else name])

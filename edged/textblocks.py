@@ -9,6 +9,7 @@ not make, so likely sentence ends are found by pattern and each is confirmed by 
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from collections.abc import Callable, Iterator
@@ -37,6 +38,8 @@ def text_blocks(
 ) -> Iterator[str]:
     """The text in blocks of about `block_chars`, each ending where `ends_sentence(text, i)`
     confirms that espeak-ng ends a sentence. Without a checker, each ends at the likeliest place."""
+    if ends_sentence is not None:  # a block asks about ends past its cut, which the next asks again
+        ends_sentence = functools.cache(ends_sentence)
     start = 0
     while len(text) - start > block_chars:
         length = _confirmed_block(text, start, block_chars, ends_sentence) if ends_sentence else 0

@@ -213,11 +213,12 @@ def test_audio_is_not_sent_chunked_to_an_http10_client(daemon: Daemon) -> None:
 
 
 @pytest.mark.parametrize("version", [b"2.0", b"0.9"])
-def test_versions_other_than_http1_are_refused_on_every_route(daemon: Daemon, version: bytes) -> None:
+@pytest.mark.parametrize("request_line", [b"GET /v1/health", b"POST /v1/synthesize", b"GET /nowhere"])
+def test_versions_other_than_http1_are_refused_on_every_route(daemon: Daemon, version: bytes, request_line: bytes) -> None:
     # The parser takes any version number; answering "HTTP/1.1 200" to an HTTP/2.0 request
     # would claim a protocol we do not speak.
     with daemon.connect() as sock:
-        sock.sendall(b"GET /v1/health HTTP/" + version + b"\r\n\r\n")
+        sock.sendall(request_line + b" HTTP/" + version + b"\r\nContent-Length: 0\r\n\r\n")
         status, body = read_head(sock)
     assert status == 505 and json.loads(body)["error"]["code"] == "http_version_not_supported"
 
@@ -463,17 +464,23 @@ def test_a_client_that_stops_sending_and_then_closes_leaves_the_queue_at_once(tm
     b"\x16\x03\x01 not HTTP\r\n\r\n",
     b"POST /v1/synthesize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n{\"te\r\nZZZ\r\n",
 ], ids=["garbage", "bad-chunk"])
-def test_whole_requests_before_bytes_the_parser_cannot_read_are_answered(daemon: Daemon, unreadable: bytes) -> None:
-    # The 400 for the unreadable bytes was all the client got: its health request was dropped.
+@pytest.mark.parametrize("half_close", [False, True], ids=["open", "half-closed"])
+def test_whole_requests_before_bytes_the_parser_cannot_read_are_answered(
+        daemon: Daemon, unreadable: bytes, half_close: bool) -> None:
+    # The 400 for the unreadable bytes was all the client got: the requests before were dropped.
     # (Then, behind a request whose body broke off, the 400 never came, and the connection
-    # closed only after keep_alive_s, 5 s here.)
+    # closed only after keep_alive_s, 5 s here; and a client that half-closed got no 400.)
     with daemon.connect() as sock:
         sock.settimeout(3)
-        sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n" + unreadable)
+        sock.sendall(post_raw({"text": SENTENCE, "format": "pcm"}) + b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n"
+                     + unreadable)
+        if half_close:
+            sock.shutdown(socket.SHUT_WR)
         data = _read_to_end(sock)
-    health, refusal = data.split(b"HTTP/1.1 400 ")  # the answer, then the refusal, then the end
-    assert health.startswith(b"HTTP/1.1 200 ") and json.loads(health.split(b"\r\n\r\n", 1)[1])["state"] == "READY"
-    assert json.loads(refusal.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "bad_request"
+    audio, health, refusal = data.split(b"\r\n0\r\n\r\nHTTP/1.1 ")[0], *data.rsplit(b"HTTP/1.1 ", 2)[1:]
+    assert audio.startswith(b"HTTP/1.1 200 ") and len(audio) > 22050  # the answers, the refusal, the end
+    assert health.startswith(b"200 ") and json.loads(health.split(b"\r\n\r\n", 1)[1])["state"] == "READY"
+    assert refusal.startswith(b"400 ") and json.loads(refusal.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "bad_request"
 
 
 def test_bytes_after_the_unreadable_ones_do_not_change_the_refusal(daemon: Daemon) -> None:

@@ -57,14 +57,27 @@ def test_blocks_ask_the_checker_about_likely_ends_and_grow_while_none_is_confirm
     # The block grew to its limit, asking about each end once (up to 8 in what each growth added).
     assert sorted(asked) == sorted(likely_sentence_ends(text, 0, MAX_BLOCK_CHARS))
     assert never == text[:33]  # none confirmed: the likeliest of the first 40 characters
+    asked.clear()
+    dense = "a. b. c. d. e. " * 2000  # 10 ends in each growth of 30 characters: 8 are asked about
+    next(text_blocks(dense, block_chars=30, ends_sentence=lambda whole, i: asked.append(i) or False))
+    assert len(asked) == 8 * (MAX_BLOCK_CHARS // 30)
+
+
+def test_each_place_is_asked_about_once_per_text() -> None:
+    # A block asks about ends past where it is cut (unconfirmed); the next block asked again.
+    asked: list[int] = []
+    text = "it. and " * 12_500  # 100,000 characters, no end that espeak-ng confirms
+    blocks = list(text_blocks(text, ends_sentence=lambda whole, i: asked.append(i) or False))
+    assert "".join(blocks) == text and len(blocks) > 40
+    assert len(asked) == len(set(asked))
     # With no sentence end to ask about, a block grows to MAX_BLOCK_CHARS, as Piper reads on.
     words = "word " * 1000
     assert list(text_blocks(words, block_chars=2000, ends_sentence=lambda whole, i: False)) == [words]
 
 
 def test_a_sentence_end_is_found_behind_many_places_espeak_reads_on(piper_voice: PiperVoice) -> None:
-    # espeak-ng reads on at ". and": 252 of them used up the checks of every growth of the block,
-    # which was then cut unconfirmed, at 8,000 characters, where Piper reads on.
+    # espeak-ng reads on at ". and": 252 of them used up the checks that all the growths of the
+    # block shared, and the block was then cut unconfirmed, where Piper reads on.
     text = "it. and " * 252 + "End. Next. " + "Short. " * 900
     assert edged_ids(piper_voice, text) == piper_ids(piper_voice, text)
 
