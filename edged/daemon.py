@@ -5,13 +5,14 @@ pipeline, and the one place where a request gets its audio (`audio_for`), which 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import enum
 import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from . import __version__
 from .cacheservice import CacheService
@@ -20,6 +21,9 @@ from .errors import NotReady
 from .espeak_worker import ESPEAK
 from .pipeline import Pipeline, SynthesisRequest
 from .registry import VoiceRegistry
+
+if TYPE_CHECKING:
+    from .engine import Voice
 
 log = logging.getLogger(__name__)
 
@@ -76,17 +80,19 @@ class Daemon:
         for callback in self.on_state:
             callback(state)
 
-    def start_loading(self) -> None:
-        """Load the default and preloaded voices in parallel threads (returns at once)."""
+    def start_loading(self) -> concurrent.futures.Future[Voice]:
+        """Load the default and preloaded voices in parallel threads (returns at once); the
+        default voice's load is returned."""
         self.set_state(State.LOADING)
         self.pipeline.start_threads()
-        for voice_id in dict.fromkeys([self.settings.voices.default, *self.settings.voices.preload]):
-            self.registry.load(voice_id)
+        loads = {voice_id: self.registry.load(voice_id)
+                 for voice_id in dict.fromkeys([self.settings.voices.default, *self.settings.voices.preload])}
+        return loads[self.settings.voices.default]
 
-    async def until_ready(self) -> None:
-        """READY once the default voice can answer; its load error is raised otherwise."""
-        future = self.registry.load(self.settings.voices.default)
-        await asyncio.wrap_future(future)
+    async def until_ready(self, default_load: concurrent.futures.Future[Voice]) -> None:
+        """READY once the default voice can answer (`default_load`, from start_loading); its
+        load error is raised otherwise. (Not a new load: one that failed fast was made twice.)"""
+        await asyncio.wrap_future(default_load)
         if self.state is State.LOADING:
             self.set_state(State.READY)
 

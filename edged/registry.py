@@ -12,6 +12,7 @@ import functools
 import logging
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -192,6 +193,7 @@ class VoiceRegistry:
             log.info("voice load stopped at exit: %s", future.exception())
         else:
             log.error("voice failed to load: %s", future.exception())
+        _forget_frames(future.exception())
 
     def _load(self, info: VoiceInfo) -> Voice:
         from .engine import EngineSettings, Voice
@@ -208,6 +210,15 @@ class VoiceRegistry:
         # voice's first use): from now on they are those of the bundle loaded (and answering).
         self._loaded_infos[info.voice_id] = loaded
         return voice
+
+
+def _forget_frames(error: BaseException | None) -> None:
+    """Drop the local variables of the frames that `error` (and its causes) went through: the
+    failed future keeps the error until the next try, and those frames held the sessions already
+    made (~50 MB and their threads) or the whole voice whose probe failed."""
+    while error is not None:
+        traceback.clear_frames(error.__traceback__)
+        error = error.__cause__ or error.__context__
 
 
 def _retrieve(future: asyncio.Future[Voice]) -> None:

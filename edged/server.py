@@ -13,6 +13,7 @@ systemd has not taken yet run on timers.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import ctypes
 import fcntl
@@ -26,13 +27,16 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from .admin import admin_group_missing
 from .config import Settings, load_settings, socket_path
 from .daemon import Daemon, State
 from .errors import AlreadyRunning, ConfigError
 from .sdnotify import Notifier, start_watchdog
+
+if TYPE_CHECKING:
+    from .engine import Voice
 
 log = logging.getLogger(__name__)
 
@@ -66,15 +70,18 @@ class Listener:
 def serve(config_file: Path | None = None, socket_path: Path | None = None) -> int:
     # Read before the handlers below: a config that never ends (a FIFO) can still be stopped.
     settings = load_settings(config_file, socket_path)
-    # A SIGTERM before the event loop runs must still mean "stop cleanly", not death by signal.
     early_stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: early_stop.set()) for sig in STOP_SIGNALS}
-    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as once running, see _run
-    try:
-        return _serve(settings, early_stop)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    _signals_outside_the_loop(early_stop)
+    return _serve(settings, early_stop)
+
+
+def _signals_outside_the_loop(early_stop: threading.Event) -> None:
+    """Before the event loop runs and after it ends, to the end of the process (which follows:
+    they are not restored), a SIGTERM or SIGINT must still mean "stop cleanly" (`early_stop`), not
+    death by signal, and SIGHUP nothing (as in _run)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, lambda *_: early_stop.set())
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
 def _serve(settings: Settings, early_stop: threading.Event) -> int:
@@ -88,8 +95,8 @@ def _serve(settings: Settings, early_stop: threading.Event) -> int:
                     "user may clear or warm the cache", settings.server.admin_group)
     daemon = Daemon(settings)
     try:
-        daemon.start_loading()  # threads: the engine imports and loads while the HTTP layer imports
-        code = asyncio.run(_run(daemon, listener, early_stop))
+        default_load = daemon.start_loading()  # threads: the engine imports and loads while the HTTP layer imports
+        code = asyncio.run(_run(daemon, listener, early_stop, default_load))
     finally:
         listener.close()
         daemon.close()
@@ -177,7 +184,8 @@ def _remove_stale(path: Path) -> None:
     raise AlreadyRunning(f"a daemon is answering on {path}; not taking it over")
 
 
-async def _run(daemon: Daemon, listener: Listener, early_stop: threading.Event) -> int:
+async def _run(daemon: Daemon, listener: Listener, early_stop: threading.Event,
+               default_load: concurrent.futures.Future[Voice]) -> int:
     loop = asyncio.get_running_loop()
     notify = Notifier.from_environment(loop)
     notify(f"STATUS={daemon.state.value}")
@@ -205,7 +213,7 @@ async def _run(daemon: Daemon, listener: Listener, early_stop: threading.Event) 
     http = await start_http(daemon, listener.sock)
     stop_watchdog = start_watchdog(loop, notify)
     exit_code = 0
-    ready = asyncio.create_task(daemon.until_ready())
+    ready = asyncio.create_task(daemon.until_ready(default_load))
     stopping = asyncio.create_task(stop.wait())
     try:
         await asyncio.wait({ready, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -229,7 +237,8 @@ async def _run(daemon: Daemon, listener: Listener, early_stop: threading.Event) 
         await notify.flush(NOTIFY_FLUSH_S)  # signals are still ours meanwhile: a second is no kill
         notify.close()
         for sig in (*STOP_SIGNALS, signal.SIGHUP):
-            loop.remove_signal_handler(sig)
+            loop.remove_signal_handler(sig)  # which leaves the default action, that is death
+        _signals_outside_the_loop(early_stop)
     return exit_code
 
 

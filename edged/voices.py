@@ -6,13 +6,14 @@ import os
 import re
 from pathlib import Path
 
-from .bundle import MANIFEST_NAME
+from .bundle import MANIFEST_NAME, NAME_MAX
 from .errors import UnknownVoice
 
 DEFAULT_VOICE = "en_US-joe-medium"
 
-VOICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-"""Ids only, never paths: a client must not make the daemon load a directory of its choosing."""
+VOICE_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{NAME_MAX - 1}}}")
+"""Ids only, never paths: a client must not make the daemon load a directory of its choosing.
+No longer than a manifest's voice id may be."""
 
 
 def voice_dirs() -> list[Path]:

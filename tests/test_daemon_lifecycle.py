@@ -133,6 +133,30 @@ def test_sigterm_finishes_inflight_requests_and_exits_0(tmp_path: Path, bundle_d
     assert "DRAINING" in daemon.log_text()
 
 
+def test_sighup_while_the_daemon_exits_does_not_kill_it(tmp_path: Path, bundle_dir: Path) -> None:
+    # The loop's handlers were removed before the exit ended: a SIGHUP (reload, not built yet) in
+    # those milliseconds got the default action, death, and the socket file was left behind.
+    daemon = Daemon(tmp_path).start()
+    daemon.wait_state("READY")
+    assert daemon.proc is not None
+    stop_hups = threading.Event()
+
+    def hangups() -> None:
+        while not stop_hups.is_set() and daemon.proc is not None and daemon.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(daemon.proc.pid, signal.SIGHUP)
+            time.sleep(0.0005)
+
+    sender = threading.Thread(target=hangups)
+    sender.start()
+    try:
+        assert daemon.stop() == 0, daemon.log_text()
+    finally:
+        stop_hups.set()
+        sender.join()
+    assert not daemon.socket.exists()
+
+
 def test_requests_left_at_the_drain_timeout_are_cancelled_without_error_logs(tmp_path: Path, bundle_dir: Path) -> None:
     daemon = Daemon(tmp_path, "[server]\ndrain_timeout_s = 0.3\n").start()
     daemon.wait_state("READY")
@@ -190,6 +214,7 @@ def test_daemon_exits_non_zero_when_its_default_voice_cannot_load(tmp_path: Path
     daemon = Daemon(tmp_path / "d", config).start()
     assert daemon.proc is not None and daemon.proc.wait(60) == 1
     assert "cannot answer" in daemon.log_text() and "wrong size" in daemon.log_text()
+    assert daemon.log_text().count("voice failed to load") == 1  # not loaded again for READY
     assert not daemon.socket.exists()
 
     missing = Daemon(tmp_path / "m", '[voices]\ndefault = "xx_XX-nobody"\n').start()

@@ -4,15 +4,19 @@ and loaded again once a failed bundle is whole."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import gc
 import json
 import shutil
 from pathlib import Path
 
+import onnxruntime
 import pytest
 from daemon_harness import install_as
 
 from edged import registry
-from edged.config import VoiceSettings
+from edged.config import CacheConfig, Settings, VoiceSettings
+from edged.daemon import Daemon
 from edged.errors import BundleError
 from edged.registry import VoiceRegistry
 
@@ -57,6 +61,50 @@ def test_a_voice_that_failed_to_load_is_tried_again_once_whole(tmp_path: Path, b
         voices_registry.close()
 
     asyncio.run(scenario())
+
+
+def test_a_voice_that_failed_to_load_holds_no_sessions(tmp_path: Path, bundle_dir: Path) -> None:
+    # Weights that fail their sha256 are found while the sessions are made: the failed load's
+    # error kept those sessions (~50 MB, and their threads) until the next try, if ever.
+    voices = tmp_path / "voices"
+    bundle = install_as(voices, bundle_dir, "xx_XX-damaged", skip=("back.int8.onnx.data",))
+    damaged = bytearray((bundle_dir / "back.int8.onnx.data").read_bytes())
+    damaged[len(damaged) // 2] ^= 1
+    (bundle / "back.int8.onnx.data").write_bytes(damaged)
+    sessions_before = _live_sessions()
+
+    async def scenario() -> None:
+        voices_registry = _registry(voices)
+        with pytest.raises(BundleError, match="sha256"):
+            await voices_registry.voice("xx_XX-damaged", 30)
+        assert {v["id"]: v["state"] for v in voices_registry.describe()}["xx_XX-damaged"] == "failed"
+        assert _live_sessions() == sessions_before
+        voices_registry.close()
+
+    asyncio.run(scenario())
+
+
+def test_ready_waits_for_the_default_voices_first_load_not_a_new_one(tmp_path: Path, bundle_dir: Path) -> None:
+    # A default voice that failed before the daemon asked whether it was ready was loaded again
+    # (its tens of MB hashed twice, its error logged twice).
+    voices = tmp_path / "voices"
+    install_as(voices, bundle_dir, "xx_XX-broken", skip=("front.int8.onnx",))
+    settings = Settings(voices=VoiceSettings(default="xx_XX-broken", search_path=[str(voices)], probe_text=""),
+                        cache=CacheConfig(enabled=False))
+    daemon = Daemon(settings)
+    try:
+        first = daemon.start_loading()
+        concurrent.futures.wait([first])
+        with pytest.raises(BundleError, match="missing file"):
+            asyncio.run(daemon.until_ready(first))
+        assert daemon.registry.loads_running() == [] and daemon.registry._loads["xx_XX-broken"] is first
+    finally:
+        daemon.close()
+
+
+def _live_sessions() -> int:
+    gc.collect()
+    return sum(isinstance(o, onnxruntime.InferenceSession) for o in gc.get_objects())
 
 
 def test_the_first_of_two_bundles_with_one_id_is_used_and_the_other_named(
