@@ -30,30 +30,32 @@ class Admission:
         self.capacity = capacity
         self.queue_size = queue_size
         self.queue_timeout_s = queue_timeout_s
-        self._slots = asyncio.Semaphore(capacity)
+        self._free = capacity
+        # A freed slot is handed to the first waiter here, parked syntheses first. One mechanism
+        # for both: with a semaphore for new requests, a slot it gave back on its own (a waiter
+        # cancelled after being woken) could sit free while a parked synthesis waited for ever.
         self._resuming: collections.deque[asyncio.Future[None]] = collections.deque()
         """Parked syntheses waiting for a slot back: served before new requests."""
+        self._entering: collections.deque[asyncio.Future[None]] = collections.deque()
         self.active = 0
         self.waiting = 0
         self.parked = 0
         self.rejected = 0
 
     async def enter(self) -> None:
-        if self._slots.locked():
+        if not self._take_free(self._entering):
             if self.waiting >= self.queue_size:
                 self.rejected += 1
                 raise Busy(f"busy: {self.active} syntheses running and {self.waiting} waiting")
             self.waiting += 1
             try:
                 async with asyncio.timeout(self.queue_timeout_s):
-                    await self._slots.acquire()
+                    await self._wait_in(self._entering)
             except TimeoutError:
                 self.rejected += 1
                 raise Busy(f"busy: no synthesis slot within {self.queue_timeout_s:g} s") from None
             finally:
                 self.waiting -= 1
-        else:
-            await self._slots.acquire()
         self.active += 1
 
     def leave(self) -> None:
@@ -73,19 +75,8 @@ class Admission:
     async def resume(self) -> None:
         """Take a slot back after `park`: the first one freed, with no queue limit or timeout."""
         self.parked -= 1
-        if self._resuming or self._slots.locked():
-            handed = asyncio.get_running_loop().create_future()
-            self._resuming.append(handed)
-            try:
-                await handed
-            except asyncio.CancelledError:
-                if handed in self._resuming:
-                    self._resuming.remove(handed)
-                elif not handed.cancelled():
-                    self._free_slot()  # handed over as this one was cancelled: pass it on
-                raise
-        else:
-            await self._slots.acquire()  # free: at once
+        if not self._take_free(self._resuming):
+            await self._wait_in(self._resuming)
         self.active += 1
 
     @property
@@ -93,14 +84,34 @@ class Admission:
         """Parked syntheses whose client wants more, waiting for a slot."""
         return len(self._resuming)
 
+    def _take_free(self, queue: collections.deque[asyncio.Future[None]]) -> bool:
+        """Take a free slot at once, unless others wait for one before the caller."""
+        if self._free and not self._resuming and not (queue is self._entering and self._entering):
+            self._free -= 1
+            return True
+        return False
+
+    async def _wait_in(self, queue: collections.deque[asyncio.Future[None]]) -> None:
+        handed = asyncio.get_running_loop().create_future()
+        queue.append(handed)
+        try:
+            await handed
+        except asyncio.CancelledError:  # its client left, or its queue time ran out
+            if handed in queue:
+                queue.remove(handed)
+            elif not handed.cancelled():
+                self._free_slot()  # handed over as this one was cancelled: pass it on
+            raise
+
     def _free_slot(self) -> None:
-        while self._resuming:
-            handed = self._resuming.popleft()
-            # Done: its task was cancelled (its client left) and has not yet run to take it out.
-            if not handed.done():
-                handed.set_result(None)  # straight to a parked synthesis
-                return
-        self._slots.release()
+        for queue in (self._resuming, self._entering):
+            while queue:
+                handed = queue.popleft()
+                # Done: its task was cancelled and has not yet run to take it out of the queue.
+                if not handed.done():
+                    handed.set_result(None)
+                    return
+        self._free += 1
 
 
 class Slot:

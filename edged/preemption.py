@@ -89,7 +89,9 @@ class Preemption:
         from onnxruntime.capi.onnxruntime_pybind11_state import Fail
 
         while True:
-            if not background.promoted.is_set() and not self._idle.is_set():
+            # Checked again after each wait: live work may have come back in the turns between
+            # idle being set and this task running (a parked synthesis taking its slot back).
+            while not background.promoted.is_set() and not self._idle.is_set():
                 await _first_of(self._idle, background.promoted)
             run_options = ort.RunOptions()
             background.run_options = run_options  # (demote may make it stoppable)
@@ -97,6 +99,11 @@ class Preemption:
                 self._background_runs.add(run_options)
             try:
                 return await stage.run(fn, *args, run_options)
+            except asyncio.CancelledError:
+                # Nobody wants it now (a warm-up abandoned, the daemon stopping): stop the run in
+                # its thread too, which otherwise held its stage's slot and the CPU to its end.
+                run_options.terminate = True
+                raise
             except Fail:
                 # Only onnxruntime's own failure can be the stop; anything else (a text espeak-ng
                 # refused, a stage timeout) is the call's answer even if a stop was asked meanwhile.

@@ -105,6 +105,29 @@ def test_a_slot_freed_as_a_resuming_client_leaves_goes_to_the_next() -> None:
     asyncio.run(scenario())
 
 
+def test_a_slot_freed_as_a_queued_request_leaves_goes_to_a_resuming_one() -> None:
+    # The freed slot woke a queued request, which was cancelled in the same turn (its client left)
+    # as a parked synthesis asked for its slot back: the slot went back to the queue's semaphore,
+    # free, while the parked synthesis waited for it, for ever on an idle daemon.
+    async def scenario() -> None:
+        admission = Admission(capacity=1, queue_size=4, queue_timeout_s=30)
+        await admission.enter()
+        queued = asyncio.create_task(admission.enter())
+        await asyncio.sleep(0)
+        admission.park()  # the slot goes to the queued request...
+        queued.cancel()  # ...which leaves in the same turn
+        async with asyncio.timeout(2):
+            await admission.resume()  # and the parked synthesis wants more
+        with contextlib.suppress(asyncio.CancelledError):
+            await queued
+        assert (admission.active, admission.waiting, admission.resuming, admission.parked) == (1, 0, 0, 0)
+        with pytest.raises(Busy):  # the one slot is held: a new request waits, then is refused
+            admission.queue_timeout_s = 0.05
+            await admission.enter()
+
+    asyncio.run(scenario())
+
+
 def test_requests_planned_while_others_queue_are_decoded_for_throughput(voice: Voice) -> None:
     text = "Your timer is done."
     first_window_bytes = voice.manifest.streaming.first_window * voice.manifest.hop_length * 2

@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+from onnxruntime.capi.onnxruntime_pybind11_state import Fail
 from pipeline_helpers import request_for, slot_held
 
 from edged.config import StageSettings
@@ -46,6 +47,58 @@ def test_a_live_request_stops_the_background_run_which_is_made_again_whole(voice
         preemption.live_ended()
         assert await background == reference
         assert preemption.preempted == 1
+        stage.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_abandoned_background_run_is_stopped_in_its_thread(voice: Voice) -> None:
+    # Cancelled (a warm-up nobody waits for, the daemon stopping), its onnxruntime run went on in
+    # its thread to the end, holding the stage's slot and the CPU from live work.
+    ids = next(voice.pieces(LONG))
+    latents = voice.front(ids, SynthesisParams(noise_scale=0.0, noise_w=0.0))
+    window = Window(0, latents.n_frames, 0, latents.n_frames)
+    outcome: list[str] = []
+
+    def decode(run_options: object) -> None:
+        try:
+            voice.decode(latents, window, run_options)  # type: ignore[arg-type]
+            outcome.append("finished")
+        except Fail:
+            outcome.append("stopped")
+
+    async def scenario() -> None:
+        preemption = Preemption()
+        stage = Stage("back", StageSettings(concurrency=1, timeout_s=30))
+        background = asyncio.create_task(preemption.run(stage, decode, background=Background()))
+        await _until(lambda: stage.running == 1)
+        background.cancel()
+        await _until(lambda: stage.running == 0)
+        assert outcome == ["stopped"]
+        stage.close()
+
+    asyncio.run(scenario())
+
+
+def test_background_work_waits_for_live_work_that_came_back_before_it_woke() -> None:
+    # Live work ended and began again in one turn (a parked synthesis taking its slot back):
+    # the background run woke to the first and ran beside the second, not to be stopped.
+    ran: list[bool] = []
+
+    async def scenario() -> None:
+        preemption = Preemption()
+        stage = Stage("back", StageSettings(concurrency=1, timeout_s=30))
+        preemption.live_started()
+        background = asyncio.create_task(preemption.run(stage, lambda run_options: ran.append(True),
+                                                         background=Background()))
+        await asyncio.sleep(0.05)  # waiting for live work to end
+        preemption.live_ended()
+        preemption.live_started()
+        await asyncio.sleep(0.05)
+        assert ran == [] and not background.done()
+        preemption.live_ended()
+        await asyncio.wait_for(background, 10)
+        assert ran == [True]
         stage.close()
 
     asyncio.run(scenario())
