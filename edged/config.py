@@ -56,8 +56,8 @@ class ServerSettings:
     With the default, resident memory stepped up by ~5 MB some 2,000 requests into a steady
     loop (memory freed in one thread's arena is not reused by another); with 2 it stayed flat."""
     admin_group: str = "edged"
-    """Peers (SO_PEERCRED) in this group, or root, may call the administrative routes (cache
-    invalidation and warm-up); everyone else who can connect gets 403."""
+    """Peers (SO_PEERCRED) in this group, root, or the daemon's own user may call the
+    administrative routes (cache invalidation and warm-up); everyone else who can connect gets 403."""
 
 
 @dataclass

@@ -165,8 +165,9 @@ def measure_start(runs: int, workdir: Path, config: str = "") -> dict[str, Any]:
 
 async def measure_ttfa_long(socket: Path, runs: int) -> dict[str, Any]:
     firsts, totals = [], []
-    for i in range(runs):  # a different text each time: never served from a cache
-        outcome = await synthesize(socket, {"text": f"Note {i + 1}. {LONG}", "format": "pcm"})
+    for i in range(runs):  # a different text each time (never served from a cache), its end only:
+        # in front, "Note 3." was a sentence of its own, and its first audio was measured
+        outcome = await synthesize(socket, {"text": f"{LONG} Note {i + 1}.", "format": "pcm"})
         if outcome.status != 200 or outcome.first_audio_s is None:
             raise RuntimeError(f"long request failed: {outcome}")
         firsts.append(outcome.first_audio_s * 1000)

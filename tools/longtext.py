@@ -1,4 +1,4 @@
-"""Memory while a very long text streams: python -m tools.longtext [--chars 100000] [--seconds 60]
+"""Memory while a very long text streams: python -m tools.longtext [--chars 100000] [--seconds 600]
 
 Runs `edged synth --raw -` on a long text in a child process, drains its stdout, and samples the
 child's resident memory as audio comes out. Flat memory means the text is phonemized and
@@ -25,7 +25,8 @@ PARAGRAPH = (
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.longtext", description=__doc__)
     parser.add_argument("--chars", type=int, default=100_000)
-    parser.add_argument("--seconds", type=float, default=60.0, help="stop sampling after this long")
+    parser.add_argument("--seconds", type=float, default=600.0,
+                        help="stop after this long (the default text takes ~3-4 minutes here)")
     parser.add_argument("--voice", default=None, help="voice id or bundle directory")
     args = parser.parse_args(argv)
 
@@ -37,13 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     assert child.stdin and child.stdout
     threading.Thread(target=_feed, args=(child.stdin, text.encode()), daemon=True).start()
 
-    audio_bytes, samples = 0, []
+    audio_bytes, samples, finished = 0, [], False
     started = time.monotonic()
     next_sample = started
     try:
         while time.monotonic() - started < args.seconds:
             chunk = child.stdout.read1(1 << 16)  # type: ignore[attr-defined]
             if not chunk:
+                finished = child.wait() == 0
                 break
             audio_bytes += len(chunk)
             if time.monotonic() >= next_sample:
@@ -59,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "chars": args.chars,
         "audio_seconds": round(audio_bytes / 2 / 22050, 1),
+        "finished": finished,  # the whole text spoken within --seconds (else sampling stopped there)
         "anon_mb_first": after_first[0]["anon_mb"] if after_first else None,
         "anon_mb_max": max(s["anon_mb"] for s in after_first) if after_first else None,
         "anon_mb_last": after_first[-1]["anon_mb"] if after_first else None,
