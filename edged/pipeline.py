@@ -188,9 +188,11 @@ class Pipeline:
         until no live synthesis is about, and is stopped and made again when one comes (until it is
         promoted, see edged.preemption)."""
         call: Callable[..., Awaitable[Any]]
+        read: Callable[..., Awaitable[Any]]
         slot: Slot | None = None
         if background is not None:
             call = functools.partial(self.preemption.run, background=background)
+            read = call
         else:
             self.preemption.live_started()
             try:
@@ -202,6 +204,7 @@ class Pipeline:
                 raise
             slot = Slot(self.admission, self.preemption, self.settings.park_after_s)
             call = functools.partial(_live_call, slot)
+            read = Stage.run  # phonemizing needs no slot: see _live_call
         finished = False
         try:
             voice = await self.voices.voice(request.voice_id, self.settings.loading_wait_s)
@@ -211,7 +214,7 @@ class Pipeline:
             params = SynthesisParams(speed=request.speed)
             pieces = voice.pieces(request.text)  # lazy: each next() phonemizes a little more
             produced = 0
-            while (ids := await call(self.text, _next_piece, pieces)) is not None:
+            while (ids := await read(self.text, _next_piece, pieces)) is not None:
                 latents = await call(self.front, voice.front, ids, params)
                 # Requests waiting for admission: the box is past its capacity, and their wait,
                 # not first audio, is what grows; so decode for throughput (see Voice.windows).
@@ -250,8 +253,10 @@ def _expect_bundle(voice: Voice, request: SynthesisRequest) -> None:
 
 
 async def _live_call(slot: Slot, stage: Stage, fn: Callable[..., T], *args: object) -> T:
-    """A live synthesis's stage call: its admission slot first, if it was parked meanwhile
-    (taken back only when there is work, not to find the text at its end)."""
+    """A live synthesis's front or back call: its admission slot first, if it was parked meanwhile.
+    Reading the next piece of text takes none: a parked stream must not wait for a slot (behind
+    another whole synthesis) only to learn that its text has ended, and the text stage bounds
+    phonemizing on its own."""
     await slot.take_back()
     return await stage.run(fn, *args)
 

@@ -232,6 +232,31 @@ def test_a_parked_synthesis_whose_client_leaves_gives_back_nothing(voice: Voice)
     asyncio.run(scenario())
 
 
+def test_a_parked_synthesis_at_its_text_end_ends_without_a_slot(voice: Voice) -> None:
+    # A slow client that has had all its audio must not wait for a slot (behind another whole
+    # synthesis) only to learn that the text has ended.
+    async def scenario() -> None:
+        pipeline, short = await slot_held(voice, queue_size=4, park_after_s=0.05)
+        await anext(short)  # its last chunk (a 1 s prompt is two windows); then the client is slow
+        await asyncio.sleep(0.2)
+        assert pipeline.admission.parked == 1
+
+        async def drain() -> None:
+            async for _ in pipeline.synthesize_stream(request_for(voice, LONG_ENOUGH)):
+                pass
+
+        other = asyncio.create_task(drain())
+        await asyncio.sleep(0.05)
+        assert pipeline.admission.active == 1  # the other synthesis has the only slot
+        assert [chunk async for chunk in short] == []
+        assert not other.done(), "the end of the parked stream waited for the other synthesis"
+        assert pipeline.admission.parked == 0 and pipeline.counts.completed == 1
+        await asyncio.wait_for(other, 60)
+        pipeline.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_parked_synthesis_lets_background_work_run(voice: Voice) -> None:
     # A client listening at playback speed for minutes must not stop cache warm-up meanwhile.
     async def scenario() -> None:
