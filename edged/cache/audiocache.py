@@ -181,7 +181,7 @@ class AudioCache:
             self._flights[digest] = flight
             stream = flight.join(background=not counted)
             flight.task = asyncio.get_running_loop().create_task(
-                self._fill(flight, key, producer, sample_rate, tag, counted))
+                self._fill(flight, key, producer, sample_rate))
         else:
             assert flight is not None
             stream = flight.join(background=not counted)
@@ -200,8 +200,7 @@ class AudioCache:
             self._counters.joined += counted
         return stream
 
-    async def _fill(self, flight: Flight, key: CacheKey, producer: Producer, sample_rate: int,
-                    tag: str | None, counted: bool) -> None:
+    async def _fill(self, flight: Flight, key: CacheKey, producer: Producer, sample_rate: int) -> None:
         digest = key.digest
         try:
             if self._disk_readable():
@@ -216,7 +215,7 @@ class AudioCache:
                         flight.append(chunk)
                     flight.finish()
                     return
-                self._counters.disk_misses += counted  # none, or stale (dropped below)
+                self._counters.disk_misses += flight.live  # none, or stale (dropped below)
                 if entry is not None:
                     self._counters.stale_dropped += 1
                     self._write(self.disk.delete, digest)  # type: ignore[union-attr]
@@ -239,8 +238,10 @@ class AudioCache:
             if not isinstance(error, Exception):
                 raise
         else:
-            self._store(flight, key, sample_rate, tag)
-            flight.finish()
+            try:
+                self._store(flight, key, sample_rate)
+            finally:  # its readers must not wait for ever, whatever storing did
+                flight.finish()
         finally:
             if self._flights.get(digest) is flight:
                 del self._flights[digest]
@@ -253,11 +254,11 @@ class AudioCache:
         if flight.task is not None:
             flight.task.cancel()
 
-    def _store(self, flight: Flight, key: CacheKey, sample_rate: int, tag: str | None) -> None:
+    def _store(self, flight: Flight, key: CacheKey, sample_rate: int) -> None:
         if not flight.cacheable or flight.size == 0 or self._closed:
             self._counters.not_stored += int(flight.size > 0)
             return
-        if self._generations.snapshot(key.voice, key.version, tag) != flight.generations:
+        if self._generations.snapshot(key.voice, key.version, flight.tag) != flight.generations:
             self._counters.not_stored += 1  # invalidated while it was being synthesized
             return
         audio = flight.audio()
@@ -267,7 +268,7 @@ class AudioCache:
         lifetime = ttl * random.uniform(1 - jitter, 1 + jitter) if ttl else None
         meta = EntryMeta(
             key=key.digest, voice=key.voice, version=key.version, format=key.format,
-            sample_rate=sample_rate, tag=tag, created=now,
+            sample_rate=sample_rate, tag=flight.tag, created=now,
             expires=now + lifetime if lifetime else None, generations=flight.generations,
             sha256="", size=len(audio),  # its checksum is the disk tier's, made on its thread
         )
