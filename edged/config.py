@@ -9,6 +9,7 @@ file is packaging/edged.toml; tests check that it matches these defaults.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import types
@@ -20,6 +21,8 @@ from typing import Any
 from .cache.settings import CacheSettings
 from .errors import ConfigError
 from .voices import DEFAULT_VOICE
+
+log = logging.getLogger(__name__)
 
 OPENAI_PCM_RATE = 24000
 """Hz of OpenAI's response_format "pcm" (raw samples, no header to say otherwise)."""
@@ -80,6 +83,15 @@ class StageSettings:
     """Longest wait for a slot plus run of one call; then the request fails with 503 timeout."""
 
 
+@dataclass(frozen=True)
+class OutputSettings:
+    timeout_s: float = 20.0
+    """Longest stall of one write to a client: a client that stops reading is cut off after it,
+    and its synthesis slot freed. Writes share no slots: each waits only for its own client (a
+    bound on them let clients that stopped reading hold up everyone else's audio). What a
+    connection buffers is bounded by flow control, and connections by server.max_connections."""
+
+
 @dataclass
 class PipelineSettings:
     max_active: int = 2
@@ -106,9 +118,8 @@ class PipelineSettings:
     """Phoneme ids -> latent frames, one piece per call."""
     back: StageSettings = field(default_factory=lambda: StageSettings(2, 10.0))
     """Latent frames -> PCM, one window per call."""
-    output: StageSettings = field(default_factory=lambda: StageSettings(16, 20.0))
-    """Writing a chunk to the client; the timeout is the longest write stall allowed (a client
-    that stops reading is cut off after it, and its synthesis slot freed)."""
+    output: OutputSettings = field(default_factory=OutputSettings)
+    """Writing a chunk to the client."""
 
 
 @dataclass
@@ -236,11 +247,12 @@ def build(cls: type, data: Any, where: str, base: Any = None) -> Any:
     base = cls() if base is None else base
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ConfigError(f"unknown setting {_join(where, unknown[0])!r}")
+    for name in sorted(set(data) - known):
+        if _join(where, name) not in RETIRED:
+            raise ConfigError(f"unknown setting {_join(where, name)!r}")
+        log.warning("setting %s is ignored: %s", _join(where, name), RETIRED[_join(where, name)])
     values = {name: _value(hints[name], data[name], _join(where, name), getattr(base, name))
-              for name in data}
+              for name in data if name in known}
     try:
         return dataclasses.replace(base, **values)
     except ValueError as exc:  # a settings class that checks itself (CacheSettings)
@@ -286,6 +298,12 @@ def _check_plain(values: Any, where: str) -> None:
             raise ConfigError(f"{where} must not contain a NUL character")
         if type(item) is int and not -(1 << 63) <= item < 1 << 63:  # TOML's range; SQLite's too
             raise ConfigError(f"{where} is out of range: {str(item)[:40]}")
+
+
+RETIRED = {
+    "pipeline.output.concurrency": "writes to clients no longer share slots (see pipeline.output.timeout_s)",
+}
+"""Settings of earlier versions: a config file kept across an update is read with a warning."""
 
 
 def _join(where: str, name: str) -> str:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .admission import Admission, Slot
-from .config import PipelineSettings, StageSettings
+from .config import OutputSettings, PipelineSettings, StageSettings
 from .errors import NotReady, StageTimeout
 from .messages import AudioFormat
 from .preemption import Background, Preemption
@@ -60,17 +60,19 @@ class VoiceSource(Protocol):
 
 
 class Stage:
-    """A bounded number of concurrent calls, each with a deadline covering its wait and its run."""
+    """A bounded number of concurrent calls in the stage's threads, each with a deadline covering
+    its wait and its run; or, for the output, awaited writes with a deadline and no bound (see
+    OutputSettings)."""
 
-    def __init__(self, name: str, settings: StageSettings, threaded: bool = True, nice: int = 0) -> None:
+    def __init__(self, name: str, settings: StageSettings | OutputSettings, nice: int = 0) -> None:
         self.name = name
-        self.concurrency = settings.concurrency
+        self.concurrency = settings.concurrency if isinstance(settings, StageSettings) else None
         self.timeout_s = settings.timeout_s
-        self._slots = asyncio.Semaphore(settings.concurrency)
+        self._slots = asyncio.Semaphore(self.concurrency) if self.concurrency else None
         self._threads = (
-            concurrent.futures.ThreadPoolExecutor(settings.concurrency, thread_name_prefix=f"edged-{name}",
+            concurrent.futures.ThreadPoolExecutor(self.concurrency, thread_name_prefix=f"edged-{name}",
                                                   initializer=lower_thread_priority, initargs=(nice,))
-            if threaded else None
+            if self.concurrency else None
         )
         self.running = 0
         self.waiting = 0
@@ -112,7 +114,7 @@ class Stage:
         """Start all of this stage's threads now. A thread pool otherwise adds threads as calls
         race it, at any time; each new thread brings its own allocator arena, and memory then
         steps up during service (seen: +0.3 to +5 MB once, thousands of requests in)."""
-        if self._threads is not None:
+        if self._threads is not None and self.concurrency:
             all_started = threading.Barrier(self.concurrency)
             for _ in range(self.concurrency):
                 self._threads.submit(all_started.wait)  # each blocks, so each needs a new thread
@@ -129,7 +131,8 @@ class Stage:
         self.waiting += 1
         try:
             async with asyncio.timeout_at(deadline):
-                await self._slots.acquire()
+                if self._slots is not None:
+                    await self._slots.acquire()
         except TimeoutError:
             raise self._timed_out() from None
         finally:
@@ -139,7 +142,8 @@ class Stage:
 
     def _release(self) -> None:
         self.running -= 1
-        self._slots.release()
+        if self._slots is not None:
+            self._slots.release()
 
     def _release_after_thread(self, future: asyncio.Future[Any]) -> None:
         if not future.cancelled():
@@ -166,7 +170,7 @@ class Pipeline:
         self.text = Stage("text", settings.text, nice=nice)
         self.front = Stage("front", settings.front, nice=nice)
         self.back = Stage("back", settings.back, nice=nice)
-        self.output = Stage("output", settings.output, threaded=False)
+        self.output = Stage("output", settings.output)
         self.counts = PipelineCounts()
         self.preemption = Preemption()
 

@@ -32,6 +32,18 @@ def test_partial_tables_keep_other_defaults(tmp_path: Path) -> None:
     assert settings.pipeline.front == Settings().pipeline.front
 
 
+def test_a_retired_setting_is_read_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # A config file kept across an update must still start the daemon.
+    config = tmp_path / "edged.toml"
+    config.write_text("[pipeline.output]\nconcurrency = 16\ntimeout_s = 7\n")
+    settings = load_settings(config, env={})
+    assert settings.pipeline.output.timeout_s == 7.0
+    assert "setting pipeline.output.concurrency is ignored" in caplog.text
+    config.write_text("[pipeline.output]\nconcurency = 16\n")
+    with pytest.raises(ConfigError, match="unknown setting 'pipeline.output.concurency'"):
+        load_settings(config, env={})
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("[pipeline]\nqueue_sise = 3\n", "unknown setting 'pipeline.queue_sise'"),
     ("[server]\ndrain_timeout_s = \"soon\"\n", "server.drain_timeout_s must be float"),

@@ -364,6 +364,40 @@ def test_client_that_never_reads_is_cut_off_without_buffering(daemon: Daemon) ->
     assert after["windows"] - before["windows"] < 42
 
 
+def test_a_client_that_stops_reading_holds_up_no_other_clients_writes(tmp_path: Path) -> None:
+    # Writes to clients once shared the output stage's slots (16): as many clients that stopped
+    # reading held them all, and everyone else's audio waited until the stall timeout cut them off.
+    # One slot here makes one such client enough (the setting is now only warned about).
+    config = "[pipeline]\npark_after_s = 0.1\n\n[pipeline.output]\nconcurrency = 1\ntimeout_s = 60\n"
+    with Daemon(tmp_path / "d", config) as daemon:
+        stalled = daemon.connect()
+        stalled.sendall(post_raw({"text": LONG_TEXT, "format": "pcm"}))
+        assert read_head(stalled)[0] == 200
+        # Never read on: its writes stall once the socket buffers are full.
+        wait_for(lambda: daemon.status()["stages"]["output"]["running"] == 1, timeout=15)
+        time.sleep(0.5)
+        assert daemon.status()["stages"]["output"]["running"] == 1
+        with daemon.connect() as other:
+            other.settimeout(10)
+            other.sendall(post_raw({"text": SHORT, "format": "pcm"}))
+            data = _read_to_end_or_answer(other)
+        assert data.startswith(b"HTTP/1.1 200 ") and data.endswith(b"\r\n0\r\n\r\n")
+        assert daemon.status()["synthesis"]["write_stalls"] == 0  # the stalled one is still held
+        stalled.close()
+    assert "setting pipeline.output.concurrency is ignored" in daemon.log_text()
+
+
+def _read_to_end_or_answer(sock: socket.socket) -> bytes:
+    """One chunked answer, read until its last chunk (the connection stays open)."""
+    data = b""
+    while not data.endswith(b"\r\n0\r\n\r\n"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
 def test_synthesis_threads_run_nicer_than_the_event_loop(daemon: Daemon) -> None:
     daemon.request("POST", "/v1/synthesize", {"text": SHORT})  # the stage threads exist now
     assert daemon.proc is not None
