@@ -58,23 +58,40 @@ def interrupted_by_signals() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def read_text(arg: str) -> str:
-    """The text argument itself, or standard input's (UTF-8) for `-`."""
+MAX_TEXT_CHARS = 1 << 24
+"""Texts the commands read: far past a daemon's limit (its limits.max_text_chars, 100,000 by
+default) and a long book for `edged synth`, which streams any length in bounded memory; but a
+bound on what an endless standard input (`yes | edged synth -`) costs."""
+
+
+def read_text(arg: str, max_chars: int = MAX_TEXT_CHARS) -> str:
+    """The text argument itself, or standard input's (UTF-8) for `-`; at most `max_chars`
+    characters (standard input is not read past them)."""
     if arg != "-":
         try:
             arg.encode("utf-8")
         except UnicodeEncodeError:  # bytes the locale could not decode, kept as surrogates
             raise InputError("the text argument is not valid UTF-8") from None
-        return arg
+        return _at_most(arg, max_chars)
     if sys.stdin is None:
         raise InputError("standard input is closed")
+    room = 4 * max_chars + 2  # UTF-8 takes up to 4 bytes a character, and a line ending may follow
+    data = sys.stdin.buffer.read(room + 1)
+    if len(data) > room:
+        raise InputError(f"the text is longer than {max_chars} characters")
     try:
-        text = sys.stdin.buffer.read().decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputError(f"stdin is not valid UTF-8 (byte {exc.start})") from None
     # The one line ending of piped text (`echo ... |`) is not part of it, as for Piper's own
     # command line: with it, the text would miss the cache entry of its words.
-    return text[:-2] if text.endswith("\r\n") else text.removesuffix("\n")
+    return _at_most(text[:-2] if text.endswith("\r\n") else text.removesuffix("\n"), max_chars)
+
+
+def _at_most(text: str, max_chars: int) -> str:
+    if len(text) > max_chars:
+        raise InputError(f"the text is longer than {max_chars} characters")
+    return text
 
 
 def print_report(lines: list[str]) -> None:

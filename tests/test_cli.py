@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import stat
@@ -14,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from edged.cliio import MAX_TEXT_CHARS
 
 
 def _edged(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
@@ -42,6 +45,20 @@ def test_synth_rejects_bad_utf8_on_stdin(bundle_dir: Path) -> None:
     result = _edged("synth", "-", "--raw", "--voice", str(bundle_dir), stdin=b"caf\xe9 \xff")
     assert result.returncode == 2
     assert b"not valid UTF-8" in result.stderr and result.stdout == b""
+
+
+def test_synth_reads_no_more_of_stdin_than_the_longest_text(bundle_dir: Path) -> None:
+    # `yes | edged synth -` once read until memory ran out; now it stops past MAX_TEXT_CHARS.
+    with subprocess.Popen([sys.executable, "-m", "edged", "synth", "-", "--raw", "--voice", str(bundle_dir)],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0) as proc:
+        assert proc.stdin is not None and proc.stderr is not None
+        block = b"hello " * 100_000
+        with contextlib.suppress(BrokenPipeError):
+            for _ in range(MAX_TEXT_CHARS // len(block) * 4):  # 4 times what it may read, unless it stops
+                proc.stdin.write(block)
+        proc.stdin.close()  # unbuffered: nothing left to write
+        assert proc.wait(timeout=60) == 2
+        assert f"longer than {MAX_TEXT_CHARS} characters".encode() in proc.stderr.read()
 
 
 def test_synth_rejects_bad_utf8_in_its_argument(bundle_dir: Path) -> None:
