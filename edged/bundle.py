@@ -20,6 +20,8 @@ NAME_MAX = 64
 """Longest voice id, version or cache tag: the names a client gives to clear cached audio."""
 
 MANIFEST_NAME = "manifest.json"
+MAX_MANIFEST_BYTES = 1 << 20
+"""A built manifest is ~11 kB; status calls read the manifests of voices not loaded."""
 FORMAT_VERSION = 3
 """3: the flow is in the front graph, the back is the decoder alone (2: the back held the flow and
 had a `trim` input; 1: its decoder decoded all of the flow's context)."""
@@ -100,11 +102,14 @@ class Manifest:
             f"under {MAX_PHONEME_ID}")
         _require(all(p in self.phoneme_id_map for p in PIPER_MARKERS),
                  f"phoneme_id_map lacks one of Piper's markers {PIPER_MARKERS}")
+        # The noise scales as a request may set them: past ~3, noise_w stretched a sentence to
+        # 10^5 frames and onnxruntime's buffers past the box's memory.
         _require(isinstance(self.inference, dict) and all(
             isinstance(self.inference.get(k), (int, float)) and not isinstance(self.inference[k], bool)
-            and 0 <= self.inference[k] <= 10
-            for k in ("noise_scale", "length_scale", "noise_w")) and self.inference["length_scale"] > 0,
-            "inference must hold noise_scale, length_scale (> 0) and noise_w, each between 0 and 10")
+            and 0 <= self.inference[k] <= limit
+            for k, limit in (("noise_scale", 2), ("length_scale", 10), ("noise_w", 2)))
+            and self.inference["length_scale"] > 0,
+            "inference must hold noise_scale and noise_w between 0 and 2, and length_scale above 0 and at most 10")
         _require(isinstance(self.files, dict) and all(
             _is_plain_name(name) and isinstance(entry, dict) and _is_int(entry.get("size"))
             and isinstance(entry.get("sha256"), str) and len(entry["sha256"]) == 64
@@ -160,11 +165,17 @@ def file_digest(path: Path) -> dict[str, Any]:
 def read_manifest(bundle_dir: Path) -> Manifest:
     path = bundle_dir / MANIFEST_NAME
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with path.open("rb") as file:
+            raw = file.read(MAX_MANIFEST_BYTES + 1)
+        if len(raw) > MAX_MANIFEST_BYTES:
+            raise BundleError(f"{path}: manifest over {MAX_MANIFEST_BYTES} bytes")
+        data = json.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise BundleError(f"{bundle_dir}: no {MANIFEST_NAME}, not a voice bundle") from None
     except (OSError, ValueError) as exc:
         raise BundleError(f"{path}: unreadable manifest: {exc}") from None
+    except RecursionError:  # nested deeper than the JSON parser goes
+        raise BundleError(f"{path}: unreadable manifest: nested too deeply") from None
     if not isinstance(data, dict):
         raise BundleError(f"{path}: manifest is not a JSON object")
     return Manifest.from_dict(data)

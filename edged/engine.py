@@ -108,8 +108,8 @@ class Voice:
             checked.result()
             self._front, front_provider = front.result()
             self._back, back_provider = back.result()
-        _expect_inputs(self._front, FRONT_INPUTS, bundle_dir / graph_files[0])
-        _expect_inputs(self._back, BACK_INPUTS, bundle_dir / graph_files[1])
+        _expect_graph(self._front, FRONT_INPUTS, bundle_dir / graph_files[0])
+        _expect_graph(self._back, BACK_INPUTS, bundle_dir / graph_files[1])
         self.providers = {"front": front_provider, "back": back_provider}
         self.load_ms = (time.perf_counter() - started) * 1000
         log.info("voice %s %s (%s) loaded in %.0f ms, providers %s", manifest.voice_id,
@@ -145,6 +145,9 @@ class Voice:
             dtype=np.float32,
         )
         (frames,) = self._run(self._front, "front", front_feed(ids, scales), run_options)
+        if frames.ndim != 3 or frames.dtype != np.float32:
+            raise BundleError(f"{self.bundle_dir}: the {self.precision} front graph gave {frames.dtype} frames of "
+                              f"shape {frames.shape}, not float32 (1, channels, frames)")
         return Latents(frames)
 
     def windows(self, latents: Latents, produced: int = 0, throughput: bool = False) -> list[Window]:
@@ -167,10 +170,13 @@ class Voice:
         """Audio samples in [-1, 1] for the frames the window keeps."""
         feed = back_feed(latents.frames, window)
         audio = self._run(self._back, "back", feed, run_options)[0].reshape(-1)
+        hop, start = self.manifest.hop_length, window.in_start
+        if audio.size != feed["latents"].shape[2] * hop:  # else the trim below cuts the wrong samples
+            raise BundleError(f"{self.bundle_dir}: the {self.precision} back graph gave {audio.size} samples for "
+                              f"{feed['latents'].shape[2]} frames: the manifest's hop_length {hop} is not the graph's")
         if not np.isfinite(audio).all():  # cheap (~0.1 ms a window); else NaN would play as noise
             raise BundleError(f"{self.bundle_dir}: the {self.precision} back graph gave NaN or infinite "
                               "samples: its weights are damaged")
-        hop, start = self.manifest.hop_length, window.in_start
         return audio[(window.keep_start - start) * hop : (window.keep_end - start) * hop]
 
     def _run(self, session: InferenceSession, graph: str, feed: dict[str, np.ndarray],
@@ -230,8 +236,10 @@ def _data_files(graph_files: list[str]) -> list[str]:
     return [graph + ".data" for graph in graph_files]
 
 
-def _expect_inputs(session: InferenceSession, names: tuple[str, ...], path: Path) -> None:
+def _expect_graph(session: InferenceSession, inputs: tuple[str, ...], path: Path) -> None:
     """Refuse at load a graph that is not the one expected (a front where the back should be)."""
     found = tuple(i.name for i in session.get_inputs())
-    if sorted(found) != sorted(names):
-        raise BundleError(f"{path}: graph inputs {found} are not the expected {names}")
+    if sorted(found) != sorted(inputs):
+        raise BundleError(f"{path}: graph inputs {found} are not the expected {inputs}")
+    if len(session.get_outputs()) != 1:
+        raise BundleError(f"{path}: graph has {len(session.get_outputs())} outputs, not one")

@@ -35,7 +35,7 @@ import traceback
 from collections.abc import Callable
 from typing import IO, Any
 
-from .errors import BadInput, NotReady
+from .errors import BadInput, BundleError, NotReady
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,8 @@ class EspeakProcess:
                 raise NotReady("espeak-ng, which reads the text, was killed twice while reading it; try again")
         if "unavailable" in reply:
             raise NotReady(f"espeak-ng could not start reading the text ({reply['unavailable']}); try again")
+        if "no_voice" in reply:
+            raise BundleError(f"espeak-ng has no voice {voice!r} (the bundle's espeak_voice): {reply['no_voice']}")
         if "error" in reply:
             raise BadInput(f"espeak-ng could not read the text: {reply['error']}")
         return reply["sentences"]  # type: ignore[no-any-return]
@@ -241,6 +243,10 @@ def _set_voice_only_on_change(select_voice: Callable[[str], None]) -> Callable[[
     return set_voice
 
 
+class _NoSuchVoice(Exception):
+    """espeak-ng could not select the voice a bundle names (its espeak_voice)."""
+
+
 class _Fork:
     """A fork of the child that phonemizes one request's texts, one after another (see the
     module's docstring). It is made ahead of the request, once the fork before has replied (or for
@@ -354,11 +360,16 @@ def main() -> int:
         used: _Fork | None = None
         try:
             if fork is None:
-                select_voice(request["voice"])  # here, not in the fork: selecting leaks a copy each time
+                try:
+                    select_voice(request["voice"])  # here, not in the fork: selecting leaks a copy each time
+                except Exception as exc:  # noqa: BLE001 (the bundle's espeak_voice, not the text, is at fault)
+                    raise _NoSuchVoice(str(exc)) from None
                 fork = _Fork(phonemizer, request["voice"])
+        except _NoSuchVoice as exc:
+            reply = {"no_voice": str(exc)}
         except OSError as exc:  # no fork (out of processes or memory): not the text's fault
             reply = {"unavailable": str(exc)}
-        except Exception as exc:  # noqa: BLE001 (an unknown voice: the parent raises it as BadInput)
+        except Exception as exc:  # noqa: BLE001 (whatever it is, the parent raises it as BadInput)
             reply = {"error": str(exc)}
         else:
             reply = fork.phonemize(request["texts"])

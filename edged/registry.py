@@ -146,7 +146,9 @@ class VoiceRegistry:
         ids = set(self._loads)
         for root in self.search:
             try:
-                ids.update(p.parent.name for p in root.glob(f"*/{MANIFEST_NAME}"))
+                # Only names that can be asked for: a directory named in bytes that are not
+                # UTF-8 could not even be written into the JSON answer.
+                ids.update(p.parent.name for p in root.glob(f"*/{MANIFEST_NAME}") if VOICE_ID.fullmatch(p.parent.name))
             except OSError:
                 continue
         voices = []

@@ -199,6 +199,8 @@ MANIFEST_DAMAGE = {
     "graph without back": (lambda m: m["graphs"]["int8"].pop("back"), "graphs must name"),
     "data file not listed": (lambda m: m["files"].pop("back.int8.onnx.data"), "graphs must name"),
     "inference without scales": (lambda m: m.update(inference={}), "inference must hold"),
+    # noise_w 10 stretched a sentence past the box's memory: the killer ended the process.
+    "noise_w past a request's": (lambda m: m["inference"].update(noise_w=10), "noise_w between 0 and 2"),
     "sample rate as text": (lambda m: m.update(sample_rate="22050"), "sample_rate"),
     "sample rate 0": (lambda m: m.update(sample_rate=0), "sample_rate"),
     "hop length 0": (lambda m: m.update(hop_length=0), "hop_length"),
@@ -263,6 +265,58 @@ def test_weights_that_give_nan_are_reported_not_played(bundle_dir: Path, tmp_pat
     voice = Voice.load(copy, EngineSettings(precision="fp32"))
     with pytest.raises(BundleError, match="NaN"):
         list(voice.synthesize("Hello."))
+
+
+def test_a_hop_length_that_is_not_the_graphs_is_refused_not_played(bundle_dir: Path, tmp_path: Path) -> None:
+    # The trim of each window counts samples by the manifest's hop: 512 for the graph's 256
+    # played garbled audio, silently.
+    copy = _copy_bundle(bundle_dir, tmp_path / "bundle")
+    _with_manifest(copy, lambda m: m.update(hop_length=512))
+    voice = Voice.load(copy)
+    with pytest.raises(BundleError, match="hop_length 512 is not the graph's"):
+        list(voice.synthesize("Hello."))
+
+
+def test_a_graph_with_a_second_output_is_refused_at_load(bundle_dir: Path, tmp_path: Path) -> None:
+    import onnx
+
+    from edged.bundle import file_digest
+
+    copy = _copy_bundle(bundle_dir, tmp_path / "bundle")
+    graph = copy / "front.int8.onnx"
+    model = onnx.load(str(graph.resolve()), load_external_data=False)
+    model.graph.output.append(model.graph.output[0])  # the frames twice
+    graph.unlink()
+    onnx.save(model, str(graph))
+    _replace_with_copy(copy / "front.int8.onnx.data")  # onnxruntime follows no link out of the bundle
+    _with_manifest(copy, lambda m: m["files"].update({"front.int8.onnx": file_digest(graph)}))
+    with pytest.raises(BundleError, match="2 outputs, not one"):
+        Voice.load(copy, EngineSettings(precision="int8"))
+
+
+def test_a_manifest_nested_past_the_parser_is_a_bundle_error(bundle_dir: Path, tmp_path: Path) -> None:
+    # A RecursionError once reached /v1/status (500 for every client) through the voice listing.
+    copy = _copy_bundle(bundle_dir, tmp_path / "bundle")
+    (copy / "manifest.json").unlink()
+    (copy / "manifest.json").write_text("[" * 200_000 + "]" * 200_000, encoding="utf-8")
+    with pytest.raises(BundleError, match="nested too deeply"):
+        Voice.load(copy)
+    (copy / "manifest.json").write_text(" " * (1 << 20) + "{}", encoding="utf-8")
+    with pytest.raises(BundleError, match="manifest over"):
+        Voice.load(copy)
+
+
+def test_an_espeak_voice_espeak_has_not_is_the_bundles_fault_not_the_texts(bundle_dir: Path, tmp_path: Path) -> None:
+    copy = _copy_bundle(bundle_dir, tmp_path / "bundle")
+    _with_manifest(copy, lambda m: m.update(espeak_voice="xx-bogus"))
+    voice = Voice.load(copy)
+    with pytest.raises(BundleError, match="espeak-ng has no voice 'xx-bogus'"):
+        list(voice.synthesize("Hello."))
+
+
+def test_a_voice_name_too_long_for_a_file_name_is_unknown(tmp_path: Path) -> None:
+    with pytest.raises(UnknownVoice):
+        find_bundle("a" * 300)
 
 
 def test_twelve_frames_of_context_make_exact_joins(bundle_dir: Path) -> None:

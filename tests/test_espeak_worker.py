@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from daemon_harness import wait_for
 
-from edged.errors import BadInput, NotReady
+from edged.errors import BadInput, BundleError, NotReady
 from edged.espeak_worker import EspeakProcess
 
 CRASHES_ESPEAK = "esness" + "ness" * 70
@@ -70,8 +70,9 @@ def test_a_stalled_espeak_is_stopped_and_replaced(espeak: EspeakProcess) -> None
     assert espeak.phonemize("en-us", "The water is warm.")[0][-1] == "."
 
 
-def test_an_unknown_espeak_voice_is_bad_input(espeak: EspeakProcess) -> None:
-    with pytest.raises(BadInput, match="could not read"):
+def test_an_unknown_espeak_voice_is_the_bundles_fault(espeak: EspeakProcess) -> None:
+    # Not the text's (it was a 400): the voice comes from the bundle's manifest.
+    with pytest.raises(BundleError, match="espeak-ng has no voice 'xx-nonexistent'"):
         espeak.phonemize("xx-nonexistent", "Hello.")
     assert espeak.restarts == 0  # the child said so; it did not die
 

@@ -7,6 +7,7 @@ import asyncio
 import concurrent.futures
 import gc
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -38,6 +39,22 @@ def test_a_bundle_under_another_name_is_refused_and_listed_as_invalid(tmp_path: 
     listed = {v["id"]: v for v in voices_registry.describe()}
     assert listed["alias"]["state"] == "invalid" and "named by its voice id" in listed["alias"]["error"]
     assert listed["garbled"]["state"] == "invalid" and "manifest" in listed["garbled"]["error"]
+    voices_registry.close()
+
+
+def test_a_directory_whose_name_is_no_voice_id_is_not_listed(tmp_path: Path) -> None:
+    # A name in bytes that are not UTF-8 could not be written into /v1/status's JSON: every
+    # status and voices call was a 500.
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    for name in (b"x\xff", b"with space"):
+        bundle = voices / os.fsdecode(name)
+        bundle.mkdir()
+        (bundle / "manifest.json").write_text("{}")
+    voices_registry = _registry(voices)
+    listed = voices_registry.describe()
+    json.dumps(listed, ensure_ascii=False).encode("utf-8")
+    assert not {v["id"] for v in listed} & {"x\udcff", "with space"}
     voices_registry.close()
 
 
