@@ -11,8 +11,9 @@ Four checks, JSON on stdout and a readable summary on stderr:
   against the whole; the jump check also runs on every output of the ASR round trip.
 - int8: log-spectral distance to fp32 on the sentence set (noise 0), end to end and back graph
   only, if the bundle has int8 graphs (tools.quantize.lsd, the figure the builder records).
-- asr: word error rate of a Whisper tiny.en round trip over tools/eval_sentences.txt for fp32
-  (unsplit and cut into pieces as the daemon does by default), int8, and Piper itself. Synthesis
+- asr: word error rate of a Whisper tiny.en round trip over tools/eval_sentences.txt for fp32 and
+  int8, each unsplit and cut into pieces as the daemon does by default (int8 in pieces is what the
+  daemon ships), and Piper itself. Synthesis
   runs at the voice's default noise (what users hear) unless --zero-noise, and each sentence is
   spoken --renditions times (default 3), since one rendition's rate moves by a point or two.
 
@@ -271,8 +272,13 @@ def evaluate(bundle: Path, quick: bool, zero_noise: bool, asr_settings: AsrSetti
         sentences = sentences[::5]
         del texts["long"]
     fp32 = Voice.load(bundle, EngineSettings("fp32", pieces=UNSPLIT))
+    default = PieceLimits()
     result: dict[str, Any] = {"voice": fp32.voice_id, "version": fp32.manifest.version,
-                              "quick": quick, "sentences": len(sentences)}
+                              "quick": quick, "sentences": len(sentences),
+                              # SNR needs the unsplit model's durations; the daemon cuts by default.
+                              "pieces": {"snr_and_lsd": "never cut",
+                                         "default": {"first_piece_max": default.first_piece_max,
+                                                     "piece_max": default.piece_max}}}
     _progress("snr and seams, both window modes")
     result["snr"], result["seams"] = check_snr(bundle, SourceModel.default(), texts)
     _progress("int8 vs fp32 (log-spectral distance)")
@@ -289,6 +295,7 @@ def evaluate(bundle: Path, quick: bool, zero_noise: bool, asr_settings: AsrSetti
         }
         if result["int8"]["available"]:
             systems["int8"] = _engine_system(bundle, EngineSettings(precision="int8", pieces=UNSPLIT), params)
+            systems["int8_pieces"] = _engine_system(bundle, EngineSettings(precision="int8"), params)
         systems["piper"] = piper_system(params)
         _progress(f"ASR round trip: {', '.join(systems)}")
         renditions = 1 if zero_noise else renditions  # without noise every rendition is the same

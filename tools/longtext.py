@@ -14,6 +14,9 @@ import sys
 import threading
 import time
 
+from edged.bundle import read_manifest
+from edged.voices import DEFAULT_VOICE, find_bundle
+
 from .procmem import read_memory
 
 PARAGRAPH = (
@@ -31,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     text = (PARAGRAPH * (args.chars // len(PARAGRAPH) + 1))[: args.chars]
+    bytes_per_s = 2 * read_manifest(find_bundle(args.voice or DEFAULT_VOICE)).sample_rate  # 16-bit mono
     command = [sys.executable, "-m", "edged", "synth", "-", "--raw"]
     if args.voice:
         command += ["--voice", args.voice]
@@ -51,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             if time.monotonic() >= next_sample:
                 memory = read_memory(child.pid)
                 samples.append({"t_s": round(time.monotonic() - started, 1),
-                                "audio_s": round(audio_bytes / 2 / 22050, 1),
+                                "audio_s": round(audio_bytes / bytes_per_s, 1),
                                 "rss_mb": round(memory.rss, 1), "anon_mb": round(memory.anon, 1)})
                 next_sample += 1.0
     finally:
@@ -60,15 +64,16 @@ def main(argv: list[str] | None = None) -> int:
     after_first = samples[2:] or samples
     report = {
         "chars": args.chars,
-        "audio_seconds": round(audio_bytes / 2 / 22050, 1),
+        "audio_seconds": round(audio_bytes / bytes_per_s, 1),
         "finished": finished,  # the whole text spoken within --seconds (else sampling stopped there)
         "anon_mb_first": after_first[0]["anon_mb"] if after_first else None,
         "anon_mb_max": max(s["anon_mb"] for s in after_first) if after_first else None,
         "anon_mb_last": after_first[-1]["anon_mb"] if after_first else None,
+        "anon_mb_growth": round(after_first[-1]["anon_mb"] - after_first[0]["anon_mb"], 1) if after_first else None,
         "samples": samples,
     }
     print(json.dumps(report, indent=2))
-    return 0
+    return 0 if finished else 1  # a run cut short proves nothing about the whole text
 
 
 def _feed(stdin, data: bytes) -> None:  # type: ignore[no-untyped-def]
