@@ -192,11 +192,9 @@ class Pipeline:
         until no live synthesis is about, and is stopped and made again when one comes (until it is
         promoted, see edged.preemption)."""
         call: Callable[..., Awaitable[Any]]
-        read: Callable[..., Awaitable[Any]]
         slot: Slot | None = None
         if background is not None:
             call = functools.partial(self.preemption.run, background=background)
-            read = call
         else:
             self.preemption.live_started()
             try:
@@ -208,7 +206,6 @@ class Pipeline:
                 raise
             slot = Slot(self.admission, self.preemption, self.settings.park_after_s)
             call = functools.partial(_live_call, slot)
-            read = Stage.run  # phonemizing needs no slot: see _live_call
         finished = False
         try:
             voice = await self.voices.voice(request.voice_id, self.settings.loading_wait_s)
@@ -218,18 +215,27 @@ class Pipeline:
             params = SynthesisParams(speed=request.speed)
             pieces = voice.pieces(request.text)  # lazy: each next() phonemizes a little more
             produced = 0
-            while (ids := await read(self.text, _next_piece, pieces)) is not None:
+            ids = await call(self.text, _next_piece, pieces)
+            while ids is not None:
                 latents = await call(self.front, voice.front, ids, params)
                 # Requests waiting for admission: the box is past its capacity, and their wait,
                 # not first audio, is what grows; so decode for throughput (see Voice.windows).
                 throughput = background is not None or self.admission.waiting + self.admission.resuming > 0
-                for window in voice.windows(latents, produced, throughput):
+                windows = voice.windows(latents, produced, throughput)
+                for window in windows:
                     pcm = await call(self.back, voice.decode, latents, window)
                     self.counts.windows += 1
+                    if window is windows[-1]:
+                        # The next piece is read before this piece's last chunk goes out, while
+                        # the slot is held: a stream parked after its last chunk (a slow client)
+                        # then ends without waiting for a slot behind another whole synthesis.
+                        ids = await call(self.text, _next_piece, pieces)
                     if slot is not None:
                         slot.park_if_slow()
                     yield pcm
                 produced += latents.n_frames
+                if not windows:  # a piece without frames: read on, or the loop would never end
+                    ids = await call(self.text, _next_piece, pieces)
             finished = True
         except (asyncio.CancelledError, GeneratorExit):
             self.counts.cancelled += 1
@@ -257,10 +263,7 @@ def _expect_bundle(voice: Voice, request: SynthesisRequest) -> None:
 
 
 async def _live_call(slot: Slot, stage: Stage, fn: Callable[..., T], *args: object) -> T:
-    """A live synthesis's front or back call: its admission slot first, if it was parked meanwhile.
-    Reading the next piece of text takes none: a parked stream must not wait for a slot (behind
-    another whole synthesis) only to learn that its text has ended, and the text stage bounds
-    phonemizing on its own."""
+    """A live synthesis's stage call: its admission slot first, if it was parked meanwhile."""
     await slot.take_back()
     return await stage.run(fn, *args)
 
