@@ -17,10 +17,15 @@ def read_regular_file(path: str | Path, max_bytes: int, *, follow_symlinks: bool
     (ELOOP for a symlink when `follow_symlinks` is false)."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
     fd = os.open(path, flags)
-    with os.fdopen(fd, "rb") as file:
+    try:  # checked before a file object is made of it: for a directory, that fails naming the fd
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise NotARegularFile(f"{path} is not a regular file")
         if info.st_size > max_bytes:
             raise NotARegularFile(f"{path} is over {max_bytes} bytes")
-        return file.read(max_bytes + 1)
+        data = b""
+        while len(data) <= max_bytes and (block := os.read(fd, max_bytes + 1 - len(data))):
+            data += block
+        return data
+    finally:
+        os.close(fd)

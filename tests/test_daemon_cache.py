@@ -327,11 +327,12 @@ def test_a_phrase_warmed_twice_does_not_cut_a_live_listener(tmp_path: Path, bund
         assert "Traceback" not in daemon.log_text()
 
 
-@pytest.mark.parametrize("kind", ["fifo", "device"])
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
 def test_a_warm_file_that_is_no_regular_file_is_refused_at_start(tmp_path: Path, bundle_dir: Path,
                                                                  kind: str) -> None:
-    # A FIFO blocked start-up for good (no READY, no SIGTERM); /dev/zero filled memory.
-    path = tmp_path / "fifo" if kind == "fifo" else Path("/dev/zero")
+    # A FIFO blocked start-up for good (no READY, no SIGTERM); /dev/zero filled memory; a
+    # directory was reported as "Is a directory: 12" (the descriptor, not the path).
+    path = {"fifo": tmp_path / "fifo", "device": Path("/dev/zero"), "directory": tmp_path}[kind]
     if kind == "fifo":
         os.mkfifo(path)
     with Daemon(tmp_path / "d", f'[cache]\nwarm_file = "{path}"\n') as daemon:
