@@ -20,7 +20,7 @@ from typing import Any
 
 from .cache.settings import CacheSettings
 from .errors import ConfigError
-from .voices import DEFAULT_VOICE
+from .voices import DEFAULT_VOICE, VOICE_ID
 
 log = logging.getLogger(__name__)
 
@@ -340,6 +340,12 @@ def check(settings: Settings) -> None:
         raise ConfigError("voices.precision must be fp32, int8 or empty")
     if settings.limits.max_body_bytes < settings.limits.max_text_chars:
         raise ConfigError("limits.max_body_bytes must be at least limits.max_text_chars")
+    named = [("voices.default", settings.voices.default), ("openai.default_voice", settings.openai.default_voice)]
+    named += [("voices.preload", voice) for voice in settings.voices.preload]
+    named += [(f"openai.voice_map.{name}", voice) for name, voice in settings.openai.voice_map.items()]
+    for path, voice in named:  # a path or a typo here would only be found out by each request
+        if voice and not VOICE_ID.fullmatch(voice):
+            raise ConfigError(f"{path} must be a voice id (letters, digits, '.', '_', '-'), not {voice[:80]!r}")
 
 
 def _leaves(node: Any, where: str) -> typing.Iterator[tuple[str, Any]]:

@@ -49,6 +49,10 @@ def test_a_retired_setting_is_read_with_a_warning(tmp_path: Path, caplog: pytest
     ("[server]\ndrain_timeout_s = \"soon\"\n", "server.drain_timeout_s must be float"),
     ("[pipeline.back]\nconcurrency = 0\n", "pipeline.back.concurrency must be > 0"),
     ("[voices]\nprecision = \"fp16\"\n", "voices.precision"),
+    # A path where a voice id belongs was found out only by each request (404).
+    ("[openai.voice_map]\nalloy = \"../../etc\"\n", "openai.voice_map.alloy must be a voice id"),
+    ("[openai]\ndefault_voice = \"/tmp/x\"\n", "openai.default_voice must be a voice id"),
+    ("[voices]\npreload = [\"en US\"]\n", "voices.preload must be a voice id"),
     ("[server\n", "not valid TOML"),
     ("pipeline = 3\n", "[pipeline] must be a table"),
     ("[pipeline]\ncompute_nice = 20\n", "pipeline.compute_nice must be between 0 and 19"),
