@@ -3,8 +3,9 @@
     async for chunk in pipeline.synthesize_stream(request):   # PCM, as produced
         await pipeline.output.wait(send(chunk))
 
-Every stage has its own concurrency limit, its own timeout and (for the blocking ones) its own
-threads, so a long front run cannot take the slots of the back windows. Admission in front of
+The blocking stages (text, front, back) have their own concurrency limit, timeout and threads,
+so a long front run cannot take the slots of the back windows; the output has a timeout per
+write and no shared limit (see OutputSettings). Admission in front of
 them is bounded: past `queue_size` waiting requests the answer is Busy at once, so overload costs
 a refusal, not memory. Cancellation (a client hanging up) is checked at every await, that is
 before each window: the window being decoded finishes in its thread, no further one starts.
@@ -114,7 +115,7 @@ class Stage:
         """Start all of this stage's threads now. A thread pool otherwise adds threads as calls
         race it, at any time; each new thread brings its own allocator arena, and memory then
         steps up during service (seen: +0.3 to +5 MB once, thousands of requests in)."""
-        if self._threads is not None and self.concurrency:
+        if self._threads is not None and self.concurrency:  # (concurrency: for the type checker)
             all_started = threading.Barrier(self.concurrency)
             for _ in range(self.concurrency):
                 self._threads.submit(all_started.wait)  # each blocks, so each needs a new thread
@@ -225,14 +226,20 @@ class Pipeline:
                 for window in windows:
                     pcm = await call(self.back, voice.decode, latents, window)
                     self.counts.windows += 1
+                    reading_failed: Exception | None = None
                     if window is windows[-1]:
                         # The next piece is read before this piece's last chunk goes out, while
                         # the slot is held: a stream parked after its last chunk (a slow client)
                         # then ends without waiting for a slot behind another whole synthesis.
-                        ids = await call(self.text, _next_piece, pieces)
+                        try:
+                            ids = await call(self.text, _next_piece, pieces)
+                        except Exception as exc:  # noqa: BLE001 (raised once the chunk made is sent)
+                            reading_failed = exc
                     if slot is not None:
                         slot.park_if_slow()
                     yield pcm
+                    if reading_failed is not None:
+                        raise reading_failed
                 produced += latents.n_frames
                 if not windows:  # a piece without frames: read on, or the loop would never end
                     ids = await call(self.text, _next_piece, pieces)

@@ -8,12 +8,12 @@ import threading
 from collections.abc import AsyncGenerator, AsyncIterator
 
 import pytest
-from pipeline_helpers import request_for, slot_held
+from pipeline_helpers import Loaded, request_for, slot_held
 
 from edged.admission import Admission
-from edged.config import StageSettings
+from edged.config import PipelineSettings, StageSettings
 from edged.engine import Voice
-from edged.errors import Busy, StageTimeout
+from edged.errors import BadInput, Busy, StageTimeout
 from edged.pipeline import Pipeline, Stage
 from edged.preemption import Background
 
@@ -252,6 +252,28 @@ def test_a_parked_synthesis_at_its_text_end_ends_without_a_slot(voice: Voice) ->
         assert not other.done(), "the end of the parked stream waited for the other synthesis"
         assert pipeline.admission.parked == 0 and pipeline.counts.completed == 1
         await asyncio.wait_for(other, 60)
+        pipeline.close()
+
+    asyncio.run(scenario())
+
+
+def test_every_window_decoded_reaches_the_client_before_a_text_error(voice: Voice,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # The next piece is read before a piece's last chunk goes out; when that read fails (here
+    # espeak-ng stalls on the text's second block), the chunk already made is still sent first.
+    from edged.espeak_worker import ESPEAK
+
+    text = "This sentence is one of many. " * 100  # 3,000 characters: espeak-ng reads two blocks
+
+    async def scenario() -> None:
+        pipeline = Pipeline(PipelineSettings(), Loaded(voice))
+        stream = pipeline.synthesize_stream(request_for(voice, text))
+        received = [await anext(stream)]  # the first block has been read
+        monkeypatch.setattr(ESPEAK, "timeout_s", 1e-6)  # and the second will stall
+        with pytest.raises(BadInput):
+            async for chunk in stream:
+                received.append(chunk)
+        assert len(received) == pipeline.counts.windows > 20
         pipeline.close()
 
     asyncio.run(scenario())
