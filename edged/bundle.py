@@ -29,6 +29,10 @@ had a `trim` input; 1: its decoder decoded all of the flow's context)."""
 Precision = Literal["fp32", "int8"]
 PIPER_MARKERS = ("^", "$", "_")
 """Phonemes Piper's id sequence always uses: start, end and the pad between phonemes."""
+MAX_NOISE = 2.0
+"""Largest noise_scale and noise_w, a voice's default or a call's (SynthesisParams): past ~3,
+noise_w stretched a sentence to 10^5 frames and onnxruntime's buffers past the box's memory;
+at 2 a sentence has up to ~5 times its frames at the default."""
 MAX_PHONEME_ID = 1 << 16
 """Piper's voices have a few hundred phoneme ids; an id past the front graph's embedding table is
 caught when the graph runs (BundleError), this bound keeps absurd ones out of int64 arrays."""
@@ -102,14 +106,13 @@ class Manifest:
             f"under {MAX_PHONEME_ID}")
         _require(all(p in self.phoneme_id_map for p in PIPER_MARKERS),
                  f"phoneme_id_map lacks one of Piper's markers {PIPER_MARKERS}")
-        # The noise scales as a request may set them: past ~3, noise_w stretched a sentence to
-        # 10^5 frames and onnxruntime's buffers past the box's memory.
         _require(isinstance(self.inference, dict) and all(
             isinstance(self.inference.get(k), (int, float)) and not isinstance(self.inference[k], bool)
             and 0 <= self.inference[k] <= limit
-            for k, limit in (("noise_scale", 2), ("length_scale", 10), ("noise_w", 2)))
+            for k, limit in (("noise_scale", MAX_NOISE), ("length_scale", 10), ("noise_w", MAX_NOISE)))
             and self.inference["length_scale"] > 0,
-            "inference must hold noise_scale and noise_w between 0 and 2, and length_scale above 0 and at most 10")
+            f"inference must hold noise_scale and noise_w between 0 and {MAX_NOISE:g}, and length_scale "
+            "above 0 and at most 10")
         _require(isinstance(self.files, dict) and all(
             _is_plain_name(name) and isinstance(entry, dict) and _is_int(entry.get("size"))
             and isinstance(entry.get("sha256"), str) and len(entry["sha256"]) == 64
@@ -120,7 +123,8 @@ class Manifest:
             and all(isinstance(g, str) and g in self.files and g + ".data" in self.files for g in pair.values())
             for precision, pair in self.graphs.items()),
             "graphs must name, for fp32 and/or int8, a front and a back graph listed in files with their .data")
-        _require(self.default_precision in self.graphs, "default_precision must be one of the bundle's graphs")
+        _require(isinstance(self.default_precision, str) and self.default_precision in self.graphs,
+                 "default_precision must be one of the bundle's graphs")
 
     @functools.cached_property
     def audio_digest(self) -> str:

@@ -25,7 +25,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import (
     RuntimeException,
 )
 
-from .bundle import Manifest, Precision, read_manifest, verify_files
+from .bundle import MAX_NOISE, Manifest, Precision, read_manifest, verify_files
 from .errors import BadInput, BundleError
 from .messages import SPEED_RANGE
 from .phonemes import PieceLimits, pieces_ids, start_espeak
@@ -56,8 +56,8 @@ class SynthesisParams:
             raise BadInput(f"speed must be between {low} and {high}")
         for name in ("noise_scale", "noise_w"):
             value = getattr(self, name)
-            if value is not None and not 0.0 <= value <= 2.0:
-                raise BadInput(f"{name} must be between 0 and 2")
+            if value is not None and not 0.0 <= value <= MAX_NOISE:
+                raise BadInput(f"{name} must be between 0 and {MAX_NOISE:g}")
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,7 @@ class Voice:
             dtype=np.float32,
         )
         (frames,) = self._run(self._front, "front", front_feed(ids, scales), run_options)
-        if frames.ndim != 3 or frames.dtype != np.float32:
+        if frames.ndim != 3 or frames.shape[0] != 1 or frames.dtype != np.float32:
             raise BundleError(f"{self.bundle_dir}: the {self.precision} front graph gave {frames.dtype} frames of "
                               f"shape {frames.shape}, not float32 (1, channels, frames)")
         return Latents(frames)

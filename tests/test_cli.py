@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import stat
@@ -53,10 +52,14 @@ def test_synth_reads_no_more_of_stdin_than_the_longest_text(bundle_dir: Path) ->
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0) as proc:
         assert proc.stdin is not None and proc.stderr is not None
         block = b"hello " * 100_000
-        with contextlib.suppress(BrokenPipeError):
-            for _ in range(MAX_TEXT_CHARS // len(block) * 4):  # 4 times what it may read, unless it stops
+        stopped_reading = False
+        try:
+            for _ in range(2 * 4 * MAX_TEXT_CHARS // len(block)):  # twice the most it may read
                 proc.stdin.write(block)
+        except BrokenPipeError:
+            stopped_reading = True
         proc.stdin.close()  # unbuffered: nothing left to write
+        assert stopped_reading
         assert proc.wait(timeout=60) == 2
         assert f"longer than {MAX_TEXT_CHARS} characters".encode() in proc.stderr.read()
 

@@ -281,7 +281,25 @@ def test_weights_that_give_nan_are_reported_not_played(bundle_dir: Path, tmp_pat
         list(voice.synthesize("Hello."))
 
 
-def test_a_graph_with_a_second_output_is_refused_at_load(bundle_dir: Path, tmp_path: Path) -> None:
+def _second_output(model) -> None:  # type: ignore[no-untyped-def]
+    model.graph.output.append(model.graph.output[0])  # the frames twice
+
+
+def _frames_without_batch(model) -> None:  # type: ignore[no-untyped-def]
+    import onnx
+
+    output = model.graph.output[0]
+    model.graph.node.append(onnx.helper.make_node("Squeeze", [output.name, "batch_axis"], ["squeezed"]))
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.array([0], dtype=np.int64), "batch_axis"))
+    model.graph.output.remove(output)
+    model.graph.output.append(onnx.helper.make_tensor_value_info("squeezed", onnx.TensorProto.FLOAT, None))
+
+
+@pytest.mark.parametrize(("edit", "message"), [(_second_output, "2 outputs, not one"),
+                                               (_frames_without_batch, "not float32 \\(1, channels, frames\\)")],
+                         ids=["second output", "frames without batch"])
+def test_a_front_graph_of_another_shape_is_a_bundle_error(bundle_dir: Path, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                          edit, message: str) -> None:
     import onnx
 
     from edged.bundle import file_digest
@@ -289,13 +307,13 @@ def test_a_graph_with_a_second_output_is_refused_at_load(bundle_dir: Path, tmp_p
     copy = _copy_bundle(bundle_dir, tmp_path / "bundle")
     graph = copy / "front.int8.onnx"
     model = onnx.load(str(graph.resolve()), load_external_data=False)
-    model.graph.output.append(model.graph.output[0])  # the frames twice
+    edit(model)
     graph.unlink()
     onnx.save(model, str(graph))
     _replace_with_copy(copy / "front.int8.onnx.data")  # onnxruntime follows no link out of the bundle
     _with_manifest(copy, lambda m: m["files"].update({"front.int8.onnx": file_digest(graph)}))
-    with pytest.raises(BundleError, match="2 outputs, not one"):
-        Voice.load(copy, EngineSettings(precision="int8"))
+    with pytest.raises(BundleError, match=message):  # at load, or at the first text
+        list(Voice.load(copy, EngineSettings(precision="int8")).synthesize("Hello."))
 
 
 def test_a_manifest_nested_past_the_parser_is_a_bundle_error(bundle_dir: Path, tmp_path: Path) -> None:

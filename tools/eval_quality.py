@@ -27,7 +27,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -272,13 +272,10 @@ def evaluate(bundle: Path, quick: bool, zero_noise: bool, asr_settings: AsrSetti
         sentences = sentences[::5]
         del texts["long"]
     fp32 = Voice.load(bundle, EngineSettings("fp32", pieces=UNSPLIT))
-    default = PieceLimits()
     result: dict[str, Any] = {"voice": fp32.voice_id, "version": fp32.manifest.version,
                               "quick": quick, "sentences": len(sentences),
                               # SNR needs the unsplit model's durations; the daemon cuts by default.
-                              "pieces": {"snr_and_lsd": "never cut",
-                                         "default": {"first_piece_max": default.first_piece_max,
-                                                     "piece_max": default.piece_max}}}
+                              "pieces": {"snr_and_lsd": "never cut", "default": asdict(PieceLimits())}}
     _progress("snr and seams, both window modes")
     result["snr"], result["seams"] = check_snr(bundle, SourceModel.default(), texts)
     _progress("int8 vs fp32 (log-spectral distance)")

@@ -240,6 +240,9 @@ class AudioCache:
         else:
             try:
                 self._store(flight, key, sample_rate)
+            except Exception:  # a bug: the readers have their audio; the entry is only not kept
+                log.exception("could not store the audio of %s", key.digest[:16])
+                self._counters.not_stored += 1
             finally:  # its readers must not wait for ever, whatever storing did
                 flight.finish()
         finally:
