@@ -310,6 +310,8 @@ def _join(where: str, name: str) -> str:
     return f"{where}.{name}" if where else name
 
 
+MIN_SECONDS = 0.001
+"""Shortest time a *_s setting takes."""
 MAX_STAGE_THREADS = 64
 """Far above what 2 cores use; a typo like 2000 would start 2,000 threads."""
 
@@ -328,6 +330,8 @@ def check(settings: Settings) -> None:
                     raise ConfigError(f"{path} must be >= 0")
             elif value <= 0:
                 raise ConfigError(f"{path} must be > 0")
+            if path.endswith("_s") and value < MIN_SECONDS:  # 1e-300 passed "> 0": nothing could finish
+                raise ConfigError(f"{path} must be at least {MIN_SECONDS:g} (seconds)")
             if path.endswith(".concurrency") and value > MAX_STAGE_THREADS:
                 raise ConfigError(f"{path} must be at most {MAX_STAGE_THREADS} (each call runs in a thread "
                                   "of its own, started with the daemon)")

@@ -58,6 +58,7 @@ def test_a_retired_setting_is_read_with_a_warning(tmp_path: Path, caplog: pytest
     ("[pipeline]\ncompute_nice = 20\n", "pipeline.compute_nice must be between 0 and 19"),
     ("[pipeline]\nqueue_size = -1\n", "pipeline.queue_size must be >= 0"),
     ("[server]\ndrain_timeout_s = nan\n", "server.drain_timeout_s must be a finite number"),
+    ("[pipeline.back]\ntimeout_s = 1e-300\n", "pipeline.back.timeout_s must be at least 0.001"),
     ("[cache]\nttl_seconds = inf\n", "cache.ttl_seconds must be a finite number"),
     ("[server]\nsocket_mode = 0o7777\n", "server.socket_mode must be a file mode"),
     ("[cache]\nwrite_retry_seconds = -1\n", "[cache] write_retry_seconds must be >= 0"),
