@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run the daemon (the default)")
     serve.add_argument("--config", type=Path, help="TOML configuration file")
-    serve.add_argument("--socket", type=Path, help="Unix socket path to listen on")
+    serve.add_argument("--socket", type=lambda text: Path(text) if text else None,  # "": the default
+                       help="Unix socket path to listen on")
     serve.set_defaults(run=_serve)
 
     synth = commands.add_parser("synth", help="synthesize in this process, without a daemon")

@@ -72,13 +72,19 @@ def serve(config_file: Path | None = None, socket_path: Path | None = None) -> i
     settings = load_settings(config_file, socket_path)
     early_stop = threading.Event()
     _signals_outside_the_loop(early_stop)
-    return _serve(settings, early_stop)
+    try:
+        return _serve(settings, early_stop)
+    finally:
+        # The stop is done. CPython sets its handlers back to the default as the interpreter
+        # shuts down (~0.1 s more here), where a second stop signal would then kill the process:
+        # a second SIGTERM gave exit -15 instead of 0.
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def _signals_outside_the_loop(early_stop: threading.Event) -> None:
-    """Before the event loop runs and after it ends, to the end of the process (which follows:
-    they are not restored), a SIGTERM or SIGINT must still mean "stop cleanly" (`early_stop`), not
-    death by signal, and SIGHUP nothing (as in _run)."""
+    """Before the event loop runs and after it ends, a SIGTERM or SIGINT must still mean "stop
+    cleanly" (`early_stop`), not death by signal, and SIGHUP nothing (as in _run)."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, lambda *_: early_stop.set())
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -117,13 +123,20 @@ def open_listener(settings: Settings) -> Listener:
     if os.environ.get("LISTEN_FDS"):
         from systemd.daemon import listen_fds
 
-        fds = listen_fds()
-        if fds:
-            return Listener(_activated_socket(fds), None)
+        try:
+            fds = listen_fds()
+            if fds:
+                return Listener(_activated_socket(fds), None)
+        except OSError as exc:  # a LISTEN_FDS inherited by mistake, or its descriptor closed
+            raise ConfigError(f"socket activation ($LISTEN_FDS={os.environ['LISTEN_FDS'][:20]!r}): "
+                              f"{exc.strerror}") from None
     path = socket_path(settings)
     if len(os.fsencode(path)) > MAX_SOCKET_PATH:
         raise ConfigError(f"socket path {path} is too long: a Unix socket path has at most "
                           f"{MAX_SOCKET_PATH} bytes")
+    if path.name in ("", ".", ".."):
+        raise ConfigError(f"socket path {str(path)!r} names a directory, not a socket file")
+    _refuse_a_non_socket(path)  # before the lock file is made beside it
     try:
         path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         lock = open(path.with_name(path.name + ".lock"), "a", encoding="ascii")  # noqa: SIM115 (held for life)
@@ -163,13 +176,16 @@ def _activated_socket(fds: list[int]) -> socket.socket:
     return socket.socket(fileno=fds[0])
 
 
+def _refuse_a_non_socket(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            raise ConfigError(f"{path} exists and is not a socket; not replacing it")
+
+
 def _remove_stale(path: Path) -> None:
-    try:
-        mode = path.lstat().st_mode
-    except FileNotFoundError:
+    _refuse_a_non_socket(path)  # again, under the lock
+    if not os.path.lexists(path):
         return
-    if not stat.S_ISSOCK(mode):
-        raise ConfigError(f"{path} exists and is not a socket; not replacing it")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.connect(str(path))

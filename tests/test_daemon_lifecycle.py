@@ -310,6 +310,41 @@ def test_a_passed_fd_that_is_no_socket_is_refused(tmp_path: Path) -> None:
     assert b"Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("listen_fds", ["1", "abc"], ids=["fd closed", "garbage"])
+def test_a_listen_fds_that_names_nothing_is_a_clear_error(tmp_path: Path, listen_fds: str) -> None:
+    # A LISTEN_FDS inherited by mistake: fd 3 is closed here (subprocess closes it), or the value
+    # is no number. Both were a traceback and exit 1.
+    result = subprocess.run(["sh", "-c", f'LISTEN_PID=$$ LISTEN_FDS={listen_fds} exec "$0" -m edged serve',
+                             sys.executable], cwd=REPO, capture_output=True, timeout=60, check=False)
+    assert result.returncode == 2 and b"socket activation" in result.stderr, result.stderr
+    assert b"Traceback" not in result.stderr
+
+
+def test_a_socket_path_that_names_no_socket_is_refused_and_leaves_nothing(tmp_path: Path) -> None:
+    # "." was a ValueError traceback; a regular file was refused, but its ".lock" was left beside it.
+    taken = tmp_path / "taken"
+    taken.write_text("not a socket")
+    for path, message in ((".", "names a directory"), (str(taken), "exists and is not a socket")):
+        result = subprocess.run([sys.executable, "-m", "edged", "serve", "--socket", path], cwd=tmp_path,
+                                capture_output=True, timeout=60, check=False)
+        assert result.returncode == 2 and message.encode() in result.stderr, result.stderr
+        assert b"Traceback" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+
+
+def test_stop_signals_until_the_very_end_still_exit_cleanly(tmp_path: Path, bundle_dir: Path) -> None:
+    # CPython sets its signal handlers back to the default as the interpreter shuts down: a
+    # second SIGTERM in the last ~0.1 s killed the daemon (exit -15 instead of 0).
+    daemon = Daemon(tmp_path).start()
+    daemon.wait_state("READY")
+    assert daemon.proc is not None
+    deadline = time.monotonic() + 30
+    while daemon.proc.poll() is None and time.monotonic() < deadline:
+        daemon.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.005)
+    assert daemon.stop() == 0, daemon.log_text()
+
+
 def test_open_connections_are_capped_and_monitoring_still_gets_in(tmp_path: Path, bundle_dir: Path) -> None:
     # Clients holding silent sockets must not use up the daemon's file descriptors (its cache,
     # its espeak-ng pipes): past 4 x max_connections the oldest idle connection is closed.
