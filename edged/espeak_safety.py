@@ -56,8 +56,11 @@ def _broken_up(run: re.Match[str]) -> str:
 
 
 def _spelled_if_long(run: re.Match[str]) -> str:
-    chain = run.group()
+    # What follows the last dot (emoji, quotes, dashes) is not part of the abbreviation: counted,
+    # "e.g." before three flag emoji was spelled out and the emoji lost, where Piper reads both.
+    end = run.group().rindex(".") + 1
+    chain, after = run.group()[:end], run.group()[end:]
     counted = _NOT_COUNTED.sub("", chain).encode("utf-8", "replace")
     if len(_ONE_DOTTED_LETTER.findall(chain)) < _CHAIN_MAX_LETTERS and len(counted) < _CHAIN_MAX_BYTES:
-        return chain
-    return _ONE_DOTTED_LETTER.sub(r"\1. ", chain)
+        return run.group()
+    return _ONE_DOTTED_LETTER.sub(r"\1. ", chain) + after

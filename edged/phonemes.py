@@ -91,8 +91,11 @@ def _split_written(text: str) -> list[str]:
 
 
 def _written_phonemes(parts: list[str], i: int) -> list[str]:
-    """The phonemes of parts[i] ("[[ ... ]]"), with a space on a side where the text has one."""
-    before, after = [" "] * parts[i - 1].endswith(" "), [" "] * parts[i + 1].startswith(" ")
+    """The phonemes of parts[i] ("[[ ... ]]"), with a space on a side where the text has one. As
+    in Piper, the side of a block that follows an unclosed "[[" part is that part: past the empty
+    text _split_written puts between them (a closed block never ends with a space)."""
+    left = parts[i - 1] or (parts[i - 2] if i >= 2 else "")
+    before, after = [" "] * left.endswith(" "), [" "] * parts[i + 1].startswith(" ")
     return before + list(parts[i][2:-2].strip()) + after
 
 
