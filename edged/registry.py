@@ -66,6 +66,9 @@ class VoiceRegistry:
         self._loaded_infos: dict[str, VoiceInfo] = {}
         """Facts of the bundles loaded: final (a voice is loaded once)."""
         self._warned_hidden: set[str] = set()
+        self._refused: dict[str, tuple[tuple[object, ...], str]] = {}
+        """Why each unusable bundle was refused, with its manifest's identity then: status calls
+        list every installed voice, and need not parse a bad manifest (up to 1 MiB) each time."""
         self._loads: dict[str, concurrent.futures.Future[Voice]] = {}
         self._failed_at: dict[str, float] = {}
         """When each voice's latest load failed (time.monotonic)."""
@@ -92,7 +95,17 @@ class VoiceRegistry:
             self._warned_hidden.add(voice_id)
             log.warning("voice %s: using %s; also found in %s, not used", voice_id, bundle,
                         ", ".join(map(str, hidden)))
-        info = self._info_of(voice_id, bundle, read_manifest(bundle))
+        identity = _identity(bundle / MANIFEST_NAME)
+        refused = self._refused.get(voice_id)
+        if refused is not None and refused[0] == identity:
+            raise BundleError(refused[1])
+        try:
+            info = self._info_of(voice_id, bundle, read_manifest(bundle))
+        except BundleError as exc:
+            if identity is not None:
+                self._refused[voice_id] = (identity, str(exc))
+            raise
+        self._refused.pop(voice_id, None)
         self._infos[voice_id] = info
         return info
 
@@ -226,3 +239,12 @@ def _forget_frames(error: BaseException | None) -> None:
 def _retrieve(future: asyncio.Future[Voice]) -> None:
     if not future.cancelled():
         future.exception()
+
+
+def _identity(manifest: Path) -> tuple[object, ...] | None:
+    """What changes when a manifest is replaced or rewritten; None if it cannot be looked at."""
+    try:
+        info = manifest.stat()
+    except OSError:
+        return None
+    return (str(manifest), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)

@@ -18,6 +18,7 @@ from daemon_harness import install_as
 from edged import registry
 from edged.config import CacheConfig, Settings, VoiceSettings
 from edged.daemon import Daemon
+from edged.bundle import read_manifest
 from edged.errors import BundleError
 from edged.registry import VoiceRegistry
 
@@ -55,6 +56,25 @@ def test_a_directory_whose_name_is_no_voice_id_is_not_listed(tmp_path: Path) -> 
     listed = voices_registry.describe()
     json.dumps(listed, ensure_ascii=False).encode("utf-8")
     assert not {v["id"] for v in listed} & {"x\udcff", "with space"}
+    voices_registry.close()
+
+
+def test_a_refused_manifest_is_read_again_only_once_it_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Status calls list every installed voice: a bad manifest (up to 1 MiB) was parsed for each.
+    voices = tmp_path / "voices"
+    (voices / "garbled").mkdir(parents=True)
+    manifest = voices / "garbled" / "manifest.json"
+    manifest.write_text("{not json")
+    reads: list[Path] = []
+    monkeypatch.setattr(registry, "read_manifest", lambda bundle: reads.append(bundle) or read_manifest(bundle))
+    voices_registry = _registry(voices)
+    for _ in range(3):
+        listed = {v["id"]: v for v in voices_registry.describe()}
+        assert listed["garbled"]["state"] == "invalid" and "manifest" in listed["garbled"]["error"]
+    assert reads.count(voices / "garbled") == 1
+    manifest.write_text("[]")  # replaced: read again, and refused for what it now is
+    listed = {v["id"]: v for v in voices_registry.describe()}
+    assert reads.count(voices / "garbled") == 2 and "not a JSON object" in listed["garbled"]["error"]
     voices_registry.close()
 
 
