@@ -627,6 +627,47 @@ def test_an_invalidation_the_database_missed_is_written_when_it_can_be(tmp_path:
     _promo_cleared_after_a_restart(cache_settings)
 
 
+def test_a_database_held_by_another_process_pauses_writes_not_each_for_its_timeout(tmp_path: Path) -> None:
+    # Busy writes were tried one after another, each waiting its whole timeout (5 s by default):
+    # an invalidation, or the daemon's exit, waited behind all of them (45 s for 8 writes).
+    cache_settings = CacheSettings(directory=tmp_path / "cache", ttl_seconds=None, disk_timeout_seconds=0.2)
+
+    async def held() -> None:
+        cache = await AudioCache.open(cache_settings)
+        holder = _database_held(tmp_path / "cache")
+        for i in range(6):
+            await fetch(cache, Producer(), CacheKey.make(f"Phrase {i}.", "en_US-joe-medium", "1.0.0"))
+            await settle(cache)
+        stats = cache.stats()
+        assert stats.disk_state == "paused"
+        assert stats.disk_store_failures == {"busy": 1} and stats.disk_store_skipped == 5
+        _released(holder)
+        await cache.close()
+
+    run(held())
+
+
+def test_an_invalidation_the_database_missed_is_written_by_the_next_store(tmp_path: Path) -> None:
+    # A clear missed while the database was busy was written only by a later clear or a clean
+    # close: a crash in between lost it (and its audio was served again), though stores worked.
+    cache_settings = CacheSettings(directory=tmp_path / "cache", ttl_seconds=None, disk_timeout_seconds=0.2,
+                                   write_retry_seconds=0.01)
+
+    async def missed() -> None:
+        cache = await AudioCache.open(cache_settings)
+        holder = _database_held(tmp_path / "cache")
+        assert not (await cache.invalidate(tag="promo")).persisted
+        _released(holder)
+        await fetch(cache, Producer(), KEY)
+        await settle(cache)
+        with sqlite3.connect(Layout(tmp_path / "cache").store / DBNAME) as db:
+            scopes = [row[0] for row in db.execute("SELECT scope FROM edged_generations")]
+        assert sum("promo" in scope for scope in scopes) == 1  # on disk before any close
+        await cache.close()
+
+    run(missed())
+
+
 def test_a_clear_of_everything_written_late_does_not_undo_a_later_one(tmp_path: Path) -> None:
     # A clear of everything the database missed was written after a tag's clear that did get
     # written (and was answered "persisted"): writing ALL deletes every other counter, so the

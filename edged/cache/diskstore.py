@@ -372,6 +372,7 @@ class DiskStore:
             self.state = "ok"
             self._resume_writes()
             log.info("cache writes to %s work again", self.directory)
+        if self._generations.pending():  # an invalidation the database missed: written now it works
             self.save_pending()
         return True
 
@@ -439,7 +440,7 @@ class DiskStore:
             if isinstance(error, sqlite3.DatabaseError):
                 self._on_db_error(error, what)
             else:
-                log.warning("cache %s failed: %s", what, error)
+                log.warning("cache %s failed (%s): %s", what, faults.reason(error), error)
             return 0
         self._refresh_volume(cache)
         return result if isinstance(result, int) else 0
@@ -462,8 +463,6 @@ class DiskStore:
         if reason == "corrupt":
             assert isinstance(error, sqlite3.DatabaseError)
             self._recover(error)
-            return
-        if reason == "busy":
             return
         self._retry_after = time.monotonic() + self.settings.write_retry_seconds
         self.state = "paused"

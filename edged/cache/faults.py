@@ -8,8 +8,10 @@ import sqlite3
 import diskcache  # type: ignore[import-untyped]  # no type hints in 5.6.3
 
 CORRUPT_CODES = ("SQLITE_CORRUPT", "SQLITE_NOTADB")
-PAUSING = ("disk_full", "unwritable", "io_error")
-"""The reasons that pause writes for a while (busy is tried again at once, corrupt rebuilds)."""
+PAUSING = ("disk_full", "unwritable", "io_error", "busy")
+"""The reasons that pause writes for a while (corrupt rebuilds). Busy too: another process
+holding the database made every queued write wait its whole timeout (5 s), and an invalidation
+or the daemon's exit waited behind them all (45 s for 8 writes)."""
 
 
 def sqlite_code(error: BaseException) -> str:
