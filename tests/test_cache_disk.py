@@ -25,6 +25,7 @@ from cache_helpers import (
     run,
     settle,
     small_filesystem,
+    stored_before_a_restart,
     stores_again,
 )
 
@@ -666,6 +667,27 @@ def test_an_invalidation_the_database_missed_is_written_by_the_next_store(tmp_pa
         await cache.close()
 
     run(missed())
+
+
+@pytest.mark.parametrize("row", [("disk_foo", 1), ("count", -5), ("sqlite_journal_mode", "delete")],
+                         ids=["unknown disk setting", "negative count", "journal mode"])
+def test_a_damaged_settings_table_does_not_turn_the_cache_off(tmp_path: Path, row: tuple[str, object]) -> None:
+    # diskcache takes its settings from its database: an unknown disk_* row was a TypeError and a
+    # negative count a ValueError at every start (the whole cache off, memory tier too); a journal
+    # mode other than WAL made it retry a PRAGMA for 60 s.
+    stored_before_a_restart(tmp_path, Producer())
+    with sqlite3.connect(Layout(tmp_path / "cache").store / DBNAME) as db:
+        db.execute("INSERT OR REPLACE INTO Settings VALUES (?, ?)", row)
+
+    async def reopened() -> None:
+        cache = await AudioCache.open(CacheSettings(directory=tmp_path / "cache", ttl_seconds=None))
+        assert cache.stats().disk_state == "ok"
+        assert (await fetch(cache, Producer()))[0] in ("hit", "miss")  # kept, or set aside and rebuilt
+        await settle(cache)
+        assert cache.stats().disk_entries == 1
+        await cache.close()
+
+    run(reopened())
 
 
 def test_a_clear_of_everything_written_late_does_not_undo_a_later_one(tmp_path: Path) -> None:

@@ -49,6 +49,10 @@ log = logging.getLogger(__name__)
 
 EvictionPolicy = Literal["least-recently-stored", "least-recently-used"]
 DiskState = Literal["ok", "paused", "off"]
+PINNED_SETTINGS = {key: value for key, value in diskcache.DEFAULT_SETTINGS.items()
+                   if key.startswith(("sqlite_", "disk_")) or key == "cull_limit"}
+"""diskcache's settings that it would otherwise take from its database's Settings table (see
+DiskStore._forget_stored_settings): its own defaults, always."""
 
 
 @dataclass
@@ -114,8 +118,10 @@ class DiskStore:
             self.needs_repair = self.layout.marker.exists()
             try:
                 self._connect()
-            except sqlite3.DatabaseError as error:
-                if not faults.is_corruption(error):
+            except (sqlite3.DatabaseError, TypeError, ValueError) as error:
+                # diskcache passes unknown disk_* rows of its Settings table to the Disk
+                # (TypeError) and trusts its stored counts (ValueError): a damaged table too.
+                if isinstance(error, sqlite3.DatabaseError) and not faults.is_corruption(error):
                     raise
                 self._set_aside(error)
                 self._connect()
@@ -155,10 +161,11 @@ class DiskStore:
             self._repair_if_needed()
 
     def _connect(self) -> None:
+        self._forget_stored_settings()
         cache = diskcache.Cache(
             str(self.directory), timeout=self.settings.disk_timeout_seconds, disk=RawDisk,
             size_limit=self.settings.disk_bytes, eviction_policy=self.policy,
-            statistics=False, tag_index=True,
+            statistics=False, tag_index=True, **PINNED_SETTINGS,
         )
         cache.disk.max_value_bytes = self.settings.max_entry_bytes + record.MAX_OVERHEAD
         db = None
@@ -183,6 +190,23 @@ class DiskStore:
             cache.close()
             raise
         self._cache, self._db = cache, db
+
+    def _forget_stored_settings(self) -> None:
+        """diskcache applies the sqlite_* rows of its Settings table to every new connection before
+        it reads what it is given (a row 'journal_mode = delete' waited 60 s for a lock), and the
+        disk_* rows go to the Disk as they are: they are removed, and PINNED_SETTINGS written."""
+        database = self.directory / DBNAME
+        if not database.exists():
+            return
+        db = sqlite3.connect(database, timeout=self.settings.disk_timeout_seconds, isolation_level=None)
+        try:
+            db.execute("DELETE FROM Settings WHERE key LIKE 'sqlite!_%' ESCAPE '!'"
+                       " OR key LIKE 'disk!_%' ESCAPE '!' OR key = 'cull_limit'")
+        except sqlite3.OperationalError as error:
+            if "no such table" not in str(error):
+                raise
+        finally:
+            db.close()
 
     def _set_aside(self, error: BaseException) -> None:
         """Move a corrupted database and its value files out of the way; keep the newest db."""
