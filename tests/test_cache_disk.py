@@ -86,6 +86,36 @@ def test_disk_full_keeps_serving_without_storing(tmp_path: Path, caplog: pytest.
         run(scenario())
 
 
+def test_a_clear_on_a_full_disk_frees_the_space(tmp_path: Path) -> None:
+    # Deleting rows needs room in SQLite's WAL: on a full disk the clear failed before it removed
+    # any value file (answered 200, persisted), nothing was freed and the tier stayed paused.
+    with small_filesystem(tmp_path / "small", 4096) as mount:
+        cache_settings = CacheSettings(directory=mount / "cache", memory_bytes=1, ttl_seconds=None,
+                                       write_retry_seconds=0.0)
+        keys = [CacheKey.make(f"phrase {i}", "v", "1") for i in range(4)]
+
+        async def scenario() -> None:
+            cache = await AudioCache.open(cache_settings)
+            for key in keys[:3]:
+                await fetch(cache, Producer(chunks=2, size=60_000), key)
+                await settle(cache)
+            fill(mount)
+            await fetch(cache, Producer(chunks=2, size=60_000), keys[3])
+            await settle(cache)
+            assert cache.stats().disk_state == "paused"
+            await cache.clear()
+            assert value_files(cache_settings.resolved_directory()) == []
+            assert cache.stats().disk_entries == 0
+            producer = Producer(chunks=2, size=60_000)  # the room freed takes new audio
+            await fetch(cache, producer, keys[3])
+            await settle(cache)
+            assert cache.stats().disk_state == "ok"
+            assert await fetch(cache, producer, keys[3]) == ("hit", producer.whole)
+            await cache.close()
+
+        run(scenario())
+
+
 def test_cache_opened_on_a_full_disk_comes_back_when_space_is_freed(tmp_path: Path) -> None:
     with small_filesystem(tmp_path / "small", 2048) as mount:
         cache_settings = CacheSettings(directory=mount / "cache", memory_bytes=1, ttl_seconds=None,

@@ -419,11 +419,33 @@ class DiskStore:
 
     def evict_version(self, voice: str, version: str) -> int:
         self._reopen_if_replaced()
-        return self._guarded(lambda cache: cache.evict(voice_tag(voice, version)), "evict")
+        tag = voice_tag(voice, version)
+        return self._guarded(self._freeing_space_first(lambda cache: cache.evict(tag), "tag = ?", (tag,)), "evict")
 
     def clear(self) -> int:
         self._reopen_if_replaced()
-        return self._guarded(lambda cache: cache.clear(), "clear")
+        return self._guarded(self._freeing_space_first(lambda cache: cache.clear(), "1", ()), "clear")
+
+    def _freeing_space_first(self, drop: Callable[[diskcache.Cache], int], rows: str,
+                             params: tuple[object, ...]) -> Callable[[diskcache.Cache], int]:
+        """`drop`, which deletes rows and then their value files: on a full disk the deletion
+        itself fails (SQLite's WAL needs room), so the files of those rows are removed first and
+        it is tried again. Else a clear on a full disk freed nothing, and the tier stayed paused."""
+        def dropping(cache: diskcache.Cache) -> int:
+            try:
+                return drop(cache)
+            except (OSError, sqlite3.Error) as error:
+                if faults.reason(error) != "disk_full" or self._db is None:
+                    raise
+                with self._db_lock:
+                    names = self._db.execute(f"SELECT filename FROM Cache WHERE filename IS NOT NULL AND ({rows})",
+                                             params).fetchall()
+                for (name,) in names:
+                    parts = Path(str(name)).parts  # diskcache's "ab/cd/<hex>.val", nothing else
+                    if len(parts) == 3 and is_value_dir(parts[0]) and is_value_dir(parts[1]):
+                        (self.directory / name).unlink(missing_ok=True)
+                return drop(cache)
+        return dropping
 
     def save_generation(self, scope: str, value: int) -> bool:
         """Persist one invalidation counter; False if it could not be written."""
