@@ -215,8 +215,9 @@ class Pipeline:
 
             params = SynthesisParams(speed=request.speed)
             pieces = voice.pieces(request.text)  # lazy: each next() phonemizes a little more
+            read_next = functools.partial(call, self.text, _next_piece, pieces)
             produced = 0
-            ids = await call(self.text, _next_piece, pieces)
+            ids = await read_next()
             while ids is not None:
                 latents = await call(self.front, voice.front, ids, params)
                 # Requests waiting for admission: the box is past its capacity, and their wait,
@@ -232,7 +233,7 @@ class Pipeline:
                         # the slot is held: a stream parked after its last chunk (a slow client)
                         # then ends without waiting for a slot behind another whole synthesis.
                         try:
-                            ids = await call(self.text, _next_piece, pieces)
+                            ids = await read_next()
                         except Exception as exc:  # noqa: BLE001 (raised once the chunk made is sent)
                             reading_failed = exc
                     if slot is not None:
@@ -242,7 +243,7 @@ class Pipeline:
                         raise reading_failed
                 produced += latents.n_frames
                 if not windows:  # a piece without frames: read on, or the loop would never end
-                    ids = await call(self.text, _next_piece, pieces)
+                    ids = await read_next()
             finished = True
         except (asyncio.CancelledError, GeneratorExit):
             self.counts.cancelled += 1

@@ -198,6 +198,7 @@ def summarize(run: _EngineRun) -> dict[str, Any]:
     ttfa = {label: median([t.ttfa_ms for t in ts]) for label, ts in by_text.items()}
     ttfa["long_minus_short"] = round(ttfa["long"] - ttfa["short"], 1)
     every = [t for ts in by_text.values() for t in ts]
+    synthesis_ms = sum(t.total_ms for t in every)
     after = run.memory["synthesized"]
     report: dict[str, Any] = {
         "ttfa_ms": ttfa,
@@ -205,8 +206,8 @@ def summarize(run: _EngineRun) -> dict[str, Any]:
         "total_ms": {label: median([t.total_ms for t in ts]) for label, ts in by_text.items()},
         "audio_s": {label: median([t.audio_s for t in ts], digits=2) for label, ts in by_text.items()},
         # All timed runs together: total synthesis time over total audio.
-        "synthesis_ms": round(sum(t.total_ms for t in every), 1),
-        "rtf": round(sum(t.total_ms for t in every) / 1000 / sum(t.audio_s for t in every), 4),
+        "synthesis_ms": round(synthesis_ms, 1),
+        "rtf": round(synthesis_ms / 1000 / sum(t.audio_s for t in every), 4),
         "rtf_by_text": {label: median([t.total_ms / 1000 / t.audio_s for t in ts], digits=4)
                         for label, ts in by_text.items()},
         "load_ms": round(run.load_ms, 1),

@@ -13,9 +13,9 @@ Four checks, JSON on stdout and a readable summary on stderr:
   only, if the bundle has int8 graphs (tools.quantize.lsd, the figure the builder records).
 - asr: word error rate of a Whisper tiny.en round trip over tools/eval_sentences.txt for fp32 and
   int8, each unsplit and cut into pieces as the daemon does by default (int8 in pieces is what the
-  daemon ships), and Piper itself. Synthesis
-  runs at the voice's default noise (what users hear) unless --zero-noise, and each sentence is
-  spoken --renditions times (default 3), since one rendition's rate moves by a point or two.
+  daemon ships), and Piper itself. Synthesis runs at the voice's default noise (what users hear)
+  unless --zero-noise, and each sentence is spoken --renditions times (default 3), since one
+  rendition's rate moves by a point or two.
 
 SNR is in dB (null: bit-identical), LSD in dB, WER in percent of reference words.
 """

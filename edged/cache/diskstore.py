@@ -49,10 +49,6 @@ log = logging.getLogger(__name__)
 
 EvictionPolicy = Literal["least-recently-stored", "least-recently-used"]
 DiskState = Literal["ok", "paused", "off"]
-PINNED_SETTINGS = {key: value for key, value in diskcache.DEFAULT_SETTINGS.items()
-                   if key.startswith(("sqlite_", "disk_")) or key == "cull_limit"}
-"""diskcache's settings that it would otherwise take from its database's Settings table (see
-DiskStore._forget_stored_settings): its own defaults, always."""
 
 
 @dataclass
@@ -165,7 +161,7 @@ class DiskStore:
         cache = diskcache.Cache(
             str(self.directory), timeout=self.settings.disk_timeout_seconds, disk=RawDisk,
             size_limit=self.settings.disk_bytes, eviction_policy=self.policy,
-            statistics=False, tag_index=True, **PINNED_SETTINGS,
+            statistics=False, tag_index=True,
         )
         cache.disk.max_value_bytes = self.settings.max_entry_bytes + record.MAX_OVERHEAD
         db = None
@@ -194,7 +190,8 @@ class DiskStore:
     def _forget_stored_settings(self) -> None:
         """diskcache applies the sqlite_* rows of its Settings table to every new connection before
         it reads what it is given (a row 'journal_mode = delete' waited 60 s for a lock), and the
-        disk_* rows go to the Disk as they are: they are removed, and PINNED_SETTINGS written."""
+        disk_* rows go to the Disk as they are. They are removed: diskcache then takes (and
+        writes back) its own defaults for them."""
         database = self.directory / DBNAME
         if not database.exists():
             return
