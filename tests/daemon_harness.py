@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
-from edged.bundle import MANIFEST_NAME
+from edged.bundle import MANIFEST_NAME, read_manifest
 from edged.client import DaemonUnreachable, UnixConnection
 
 REPO = Path(__file__).resolve().parent.parent
@@ -189,6 +189,14 @@ def install_as(voices: Path, bundle_dir: Path, voice_id: str, manifest_id: str |
     (bundle / MANIFEST_NAME).write_text(json.dumps({**manifest, "voice_id": manifest_id or voice_id}),
                                         encoding="utf-8")
     return bundle
+
+
+def default_graph(bundle_dir: Path, graph: str) -> str:
+    """The file name of the bundle's `graph` ("front" or "back") at its default precision: the one
+    a load opens and checks. The builder picks that precision by measuring int8 on the building
+    machine (fp32 where int8 loses), so a test that damages a graph must damage this one."""
+    manifest = read_manifest(bundle_dir)
+    return manifest.graphs[manifest.default_precision][graph]
 
 
 def other_voice(root: Path, bundle_dir: Path) -> Path:

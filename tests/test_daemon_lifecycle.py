@@ -23,6 +23,7 @@ from daemon_harness import (
     REPO,
     Daemon,
     Reply,
+    default_graph,
     install_as,
     other_voice,
     post_raw,
@@ -490,8 +491,9 @@ def test_a_voice_load_stuck_in_a_read_does_not_keep_the_daemon_alive(tmp_path: P
     # A graph file that never answers (a FIFO here; a hung disk in the field): the load cannot be
     # stopped, but SIGTERM must still end the daemon.
     voices = tmp_path / "voices"
-    stuck = install_as(voices, bundle_dir, "xx_XX-stuck", skip=("back.int8.onnx",))
-    os.mkfifo(stuck / "back.int8.onnx")
+    back = default_graph(bundle_dir, "back")
+    stuck = install_as(voices, bundle_dir, "xx_XX-stuck", skip=(back,))
+    os.mkfifo(stuck / back)
     config = f'[voices]\ndefault = "xx_XX-stuck"\nsearch_path = ["{voices}"]\nverify = false\n'
     daemon = Daemon(tmp_path / "d", config).start()
     daemon.wait_state("LOADING")

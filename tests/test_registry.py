@@ -13,7 +13,7 @@ from pathlib import Path
 
 import onnxruntime
 import pytest
-from daemon_harness import install_as
+from daemon_harness import default_graph, install_as
 
 from edged import registry
 from edged.config import CacheConfig, Settings, VoiceSettings
@@ -82,14 +82,15 @@ def test_a_voice_that_failed_to_load_is_tried_again_once_whole(tmp_path: Path, b
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     voices = tmp_path / "voices"
     bundle = install_as(voices, bundle_dir, "xx_XX-copied")
-    kept = bundle / "back.int8.onnx"
-    kept.rename(tmp_path / "back.int8.onnx")  # a copy that has not finished
+    back = default_graph(bundle_dir, "back")
+    kept = bundle / back
+    kept.rename(tmp_path / back)  # a copy that has not finished
 
     async def scenario() -> None:
         voices_registry = _registry(voices)
         with pytest.raises(BundleError, match="missing file"):
             await voices_registry.voice("xx_XX-copied", 30)
-        (tmp_path / "back.int8.onnx").rename(kept)  # the copy finishes
+        (tmp_path / back).rename(kept)  # the copy finishes
         with pytest.raises(BundleError, match="missing file"):  # not at once: each try hashes MBs
             await voices_registry.voice("xx_XX-copied", 30)
         monkeypatch.setattr(registry, "RETRY_LOAD_S", 0.0)
@@ -104,10 +105,11 @@ def test_a_voice_that_failed_to_load_holds_no_sessions(tmp_path: Path, bundle_di
     # Weights that fail their sha256 are found while the sessions are made: the failed load's
     # error kept those sessions (~50 MB, and their threads) until the next try, if ever.
     voices = tmp_path / "voices"
-    bundle = install_as(voices, bundle_dir, "xx_XX-damaged", skip=("back.int8.onnx.data",))
-    damaged = bytearray((bundle_dir / "back.int8.onnx.data").read_bytes())
+    weights = default_graph(bundle_dir, "back") + ".data"
+    bundle = install_as(voices, bundle_dir, "xx_XX-damaged", skip=(weights,))
+    damaged = bytearray((bundle_dir / weights).read_bytes())
     damaged[len(damaged) // 2] ^= 1
-    (bundle / "back.int8.onnx.data").write_bytes(damaged)
+    (bundle / weights).write_bytes(damaged)
     sessions_before = _live_sessions()
 
     async def scenario() -> None:
@@ -125,7 +127,7 @@ def test_ready_waits_for_the_default_voices_first_load_not_a_new_one(tmp_path: P
     # A default voice that failed before the daemon asked whether it was ready was loaded again
     # (its tens of MB hashed twice, its error logged twice).
     voices = tmp_path / "voices"
-    install_as(voices, bundle_dir, "xx_XX-broken", skip=("front.int8.onnx",))
+    install_as(voices, bundle_dir, "xx_XX-broken", skip=(default_graph(bundle_dir, "front"),))
     settings = Settings(voices=VoiceSettings(default="xx_XX-broken", search_path=[str(voices)], probe_text=""),
                         cache=CacheConfig(enabled=False))
     daemon = Daemon(settings)
@@ -164,7 +166,7 @@ def test_a_voice_loaded_on_a_retry_is_described_by_the_bundle_it_loaded(
     # bundle's, not those read before (else its audio would be cached under the old key).
     voices = tmp_path / "voices"
     broken = install_as(voices, bundle_dir, "xx_XX-swapped")
-    (broken / "back.int8.onnx").unlink()
+    (broken / default_graph(bundle_dir, "back")).unlink()
     monkeypatch.setattr(registry, "RETRY_LOAD_S", 0.0)
 
     async def scenario() -> None:
