@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .errors import BundleError
+from .untrusted_json import loads
 
 NAME_MAX = 64
 """Longest voice id, version or cache tag: the names a client gives to clear cached audio."""
@@ -173,7 +174,7 @@ def read_manifest(bundle_dir: Path) -> Manifest:
             raw = file.read(MAX_MANIFEST_BYTES + 1)
         if len(raw) > MAX_MANIFEST_BYTES:
             raise BundleError(f"{path}: manifest over {MAX_MANIFEST_BYTES} bytes")
-        data = json.loads(raw.decode("utf-8"))
+        data = loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise BundleError(f"{bundle_dir}: no {MANIFEST_NAME}, not a voice bundle") from None
     except (OSError, ValueError) as exc:

@@ -13,6 +13,7 @@ from urllib.parse import parse_qs
 
 from .bundle import NAME_MAX
 from .errors import BadInput, TextTooLong
+from .untrusted_json import loads
 
 AudioFormat = Literal["wav", "pcm"]
 CONTENT_TYPES: dict[str, str] = {"wav": "audio/wav", "pcm": "application/octet-stream"}
@@ -75,7 +76,7 @@ def _load_json(body: bytes) -> Any:
     except UnicodeDecodeError as exc:
         raise BadInput(f"request body is not valid UTF-8 (byte {exc.start})") from None
     try:
-        return json.loads(text, object_pairs_hook=_object)
+        return loads(text, object_pairs_hook=_object)
     except json.JSONDecodeError as exc:
         raise BadInput(f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except (ValueError, RecursionError):  # a number of thousands of digits; nesting too deep

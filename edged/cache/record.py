@@ -17,6 +17,7 @@ import typing
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..untrusted_json import loads
 from .generations import SCOPES
 
 MAGIC = b"EDGA"
@@ -100,7 +101,7 @@ def decode(record: bytes, expected_key: str) -> CachedAudio:
         raise CorruptEntry("bad record prefix")
     start = _PREFIX.size + header_len
     try:
-        fields = json.loads(record[_PREFIX.size : start])
+        fields = loads(record[_PREFIX.size : start])
         # Only the audio is checksummed: a header field of the wrong type (a flipped bit, an
         # edit) would fail later, at every request for the entry, instead of dropping it here.
         for name, types in _HEADER_TYPES.items():
