@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from .config import CacheConfig
 from .errors import Busy, StageTimeout, TextTooLong
 from .files import read_regular_file
-from .messages import Phrase, parse_phrase_lines
+from .messages import MAX_WARM_FILE_BYTES, Phrase, parse_phrase_lines
 from .pipeline import Pipeline, SynthesisRequest
 from .preemption import Background
 
@@ -41,7 +41,6 @@ MAX_WARM_QUEUE = 20_000
 """Phrases waiting for warm-up; more are refused (busy), so repeated calls cannot grow memory."""
 MAX_WARM_CHARS = 16_000_000
 """Characters of the phrases waiting for warm-up: 20,000 phrases could otherwise hold 2 GB of text."""
-MAX_WARM_FILE_BYTES = 64 * 1024 * 1024
 WARM_JOIN_ATTEMPTS = 10
 WARM_JOIN_RETRY_S = 0.5
 """A warm-up phrase that joined a live request's refused synthesis asks again this often."""

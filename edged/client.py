@@ -37,7 +37,13 @@ from .cliio import (
     read_text,
 )
 from .config import default_socket_path
-from .messages import CONTENT_TYPES, MAX_WARM_PHRASES, Phrase, parse_phrase_lines
+from .messages import (
+    CONTENT_TYPES,
+    MAX_WARM_FILE_BYTES,
+    MAX_WARM_PHRASES,
+    Phrase,
+    parse_phrase_lines,
+)
 
 CHUNK = 64 * 1024
 WARM_POLL_S = 0.25
@@ -243,9 +249,12 @@ def _cache_clear(args: argparse.Namespace) -> int:
 
 def _cache_warm(args: argparse.Namespace) -> int:
     try:  # bytes, whatever the locale: UTF-8 (a byte order mark is dropped by parse_phrase_lines)
-        raw = sys.stdin.buffer.read() if str(args.file) == "-" else args.file.read_bytes()
+        with sys.stdin.buffer if str(args.file) == "-" else args.file.open("rb") as stream:
+            raw = stream.read(MAX_WARM_FILE_BYTES + 1)  # /dev/zero or `yes` would fill memory
+        if len(raw) > MAX_WARM_FILE_BYTES:
+            raise ValueError(f"over {MAX_WARM_FILE_BYTES} bytes")
         phrases = parse_phrase_lines(raw.decode("utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         print(f"edgectl: cannot read {args.file}: {exc}", file=sys.stderr)
         return 2
     if not phrases:

@@ -62,6 +62,8 @@ MAX_TEXT_CHARS = 1 << 24
 """Texts the commands read: far past a daemon's limit (its limits.max_text_chars, 100,000 by
 default) and a long book for `edged synth`, which streams any length in bounded memory; but a
 bound on what an endless standard input (`yes | edged synth -`) costs."""
+MAX_SHOWN_NAME = 200
+"""Bytes of an output's name kept in the name of the file written before it takes its place."""
 
 
 def read_text(arg: str, max_chars: int = MAX_TEXT_CHARS) -> str:
@@ -125,6 +127,13 @@ class AudioOutput:
 
 def check_writable(path: Path) -> None:
     """Refuse now what cannot be written (before any synthesis is done for it)."""
+    try:
+        _check_writable(path)
+    except OSError as exc:  # a name too long, a symlink loop, ...
+        raise _cannot_write(path, exc) from None
+
+
+def _check_writable(path: Path) -> None:
     kind = _kind(path)
     if kind == "directory":
         raise OutputError(f"cannot write {path}: it is a directory")
@@ -146,7 +155,10 @@ def open_output(path: Path | None) -> Iterator[AudioOutput]:
     check_writable(path)
     # /dev/stdout and its like are written where they point, appending: opened afresh, a regular
     # file behind them would be truncated (the shell may have opened it to append).
-    in_place = _kind(path) == "special" or _through_proc(path)
+    try:
+        in_place = _kind(path) == "special" or _through_proc(path)
+    except OSError as exc:
+        raise _cannot_write(path, exc) from None
     if in_place:
         try:
             file = open(path, "ab")  # noqa: SIM115 (closed by _closing)
@@ -159,8 +171,10 @@ def open_output(path: Path | None) -> Iterator[AudioOutput]:
     # is new and ours alone (created exclusively: two runs on one target, or a planted symlink
     # where it is made, cannot mix into it), with the mode the target has or would get.
     target = Path(os.path.realpath(path))
+    # The name of the file being written says what it will be, within the 255 bytes a name has.
+    shown = target.name if len(os.fsencode(target.name)) <= MAX_SHOWN_NAME else "edged"
     try:
-        fd, part = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+        fd, part = tempfile.mkstemp(dir=target.parent, prefix=f".{shown}.", suffix=".part")
     except OSError as exc:
         raise _cannot_write(path, exc) from None
     try:
@@ -172,7 +186,10 @@ def open_output(path: Path | None) -> Iterator[AudioOutput]:
             raise _cannot_write(path, exc) from None
         with _closing(file, path):
             yield AudioOutput(file, str(path), own_file=True)
-        os.replace(part, target)
+        try:
+            os.replace(part, target)
+        except OSError as exc:  # another's file in a sticky directory (/tmp)
+            raise _cannot_write(path, exc) from None
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(part)

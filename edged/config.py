@@ -184,6 +184,10 @@ class Settings:
         check(self)
 
 
+MAX_CONFIG_BYTES = 1024 * 1024
+"""Far above any real configuration file."""
+
+
 def load_settings(config_file: Path | None = None, socket_path: Path | None = None,
                   env: typing.Mapping[str, str] | None = None) -> Settings:
     """Defaults <- TOML file <- environment ($EDGED_SOCKET) <- command line (--socket)."""
@@ -192,8 +196,12 @@ def load_settings(config_file: Path | None = None, socket_path: Path | None = No
     if config_file is not None:
         import tomllib
 
-        try:
-            data = tomllib.loads(Path(config_file).read_text(encoding="utf-8-sig"))  # a BOM is fine
+        try:  # a FIFO is fine (--config <(generate)); /dev/zero would fill memory
+            with open(config_file, "rb") as file:
+                raw = file.read(MAX_CONFIG_BYTES + 1)
+            if len(raw) > MAX_CONFIG_BYTES:
+                raise ConfigError(f"config {config_file} is over {MAX_CONFIG_BYTES} bytes")
+            data = tomllib.loads(raw.decode("utf-8-sig"))  # a BOM is fine
         except OSError as exc:
             raise ConfigError(f"cannot read config {config_file}: {exc.strerror}") from None
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
@@ -313,6 +321,8 @@ def _join(where: str, name: str) -> str:
 MIN_SECONDS = 0.001
 """Shortest time a *_s setting takes."""
 MAX_STAGE_THREADS = 64
+MIN_HEADER_BYTES = 1024
+"""A request line and the headers curl or an HTTP library sends fit in far less."""
 """Far above what 2 cores use; a typo like 2000 would start 2,000 threads."""
 
 
@@ -344,6 +354,10 @@ def check(settings: Settings) -> None:
         raise ConfigError("voices.precision must be fp32, int8 or empty")
     if settings.limits.max_body_bytes < settings.limits.max_text_chars:
         raise ConfigError("limits.max_body_bytes must be at least limits.max_text_chars")
+    if settings.limits.max_header_bytes < MIN_HEADER_BYTES:  # else every request, health too, is a 431
+        raise ConfigError(f"limits.max_header_bytes must be at least {MIN_HEADER_BYTES}")
+    if settings.voices.probe_text and not settings.voices.probe_text.strip():
+        raise ConfigError("voices.probe_text must have something to say, or be empty (no probe)")
     named = [("voices.default", settings.voices.default), ("openai.default_voice", settings.openai.default_voice)]
     named += [("voices.preload", voice) for voice in settings.voices.preload]
     named += [(f"openai.voice_map.{name}", voice) for name, voice in settings.openai.voice_map.items()]

@@ -177,6 +177,8 @@ def _format(data: dict[str, Any], name: str) -> AudioFormat:
 
 TAG_MAX = NAME_MAX
 MAX_WARM_PHRASES = 10_000
+MAX_WARM_FILE_BYTES = 64 * 1024 * 1024
+"""A phrase file (the daemon's warm_file, or edgectl's): more is refused rather than read into memory."""
 
 
 @dataclass(frozen=True)

@@ -157,6 +157,9 @@ def open_listener(settings: Settings) -> Listener:
             os.umask(old_umask)
         os.chmod(path, settings.server.socket_mode)
         sock.listen(BACKLOG)
+    except OSError as exc:  # a directory we may not write in (its lock file left by root), ...
+        lock.close()
+        raise ConfigError(f"cannot use socket {path}: {exc.strerror or exc}") from None
     except BaseException:
         lock.close()
         raise

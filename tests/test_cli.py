@@ -97,8 +97,9 @@ def test_synth_refuses_raw_and_a_file_at_once(tmp_path: Path, bundle_dir: Path) 
     assert list(tmp_path.iterdir()) == []
 
 
-def test_synth_refuses_empty_text(tmp_path: Path, bundle_dir: Path) -> None:
-    result = _edged("synth", "  ", "--voice", str(bundle_dir), "-o", str(tmp_path / "x.wav"))
+@pytest.mark.parametrize("text", [b"  ", b"\0 \0"])  # a NUL is read as a space: it was empty audio
+def test_synth_refuses_empty_text(tmp_path: Path, bundle_dir: Path, text: bytes) -> None:
+    result = _edged("synth", "-", "--voice", str(bundle_dir), "-o", str(tmp_path / "x.wav"), stdin=text)
     assert result.returncode == 2 and b"text is empty" in result.stderr
     assert list(tmp_path.iterdir()) == []
 
@@ -129,6 +130,10 @@ def test_synth_names_an_output_it_cannot_write(tmp_path: Path, bundle_dir: Path)
     for target, message in ((tmp_path, b"is a directory"), (tmp_path / "none" / "x.wav", b"no directory")):
         result = _edged("synth", "Hi.", "--voice", str(bundle_dir), "-o", str(target))
         assert result.returncode == 2 and message in result.stderr and b"Traceback" not in result.stderr
+    # Names too long for the system were a traceback (from a check meant to refuse in time).
+    for target in (tmp_path / ("a" * 300 + ".wav"), tmp_path / ("a" * 300) / "x.wav"):
+        result = _edged("synth", "Hi.", "--voice", str(bundle_dir), "-o", str(target))
+        assert result.returncode == 2 and b"File name too long" in result.stderr, result.stderr
     with open("/dev/full", "wb") as full:
         result = subprocess.run([sys.executable, "-m", "edged", "synth", "Hi.", "--raw", "--voice", str(bundle_dir)],
                                 stdout=full, stderr=subprocess.PIPE, timeout=120, check=False)
@@ -173,6 +178,28 @@ def test_a_wav_too_long_for_its_header_keeps_the_streaming_sizes(tmp_path: Path,
         output.finish_wav()
     assert out.read_bytes()[:44] == wav_header(22050)
     assert "too long for a WAV header" in capsys.readouterr().err
+
+
+def test_the_longest_name_a_file_may_have_is_written(tmp_path: Path, bundle_dir: Path) -> None:
+    # The file written before it takes the target's place was named after it, 15 bytes longer:
+    # a legal name of 241-255 bytes could not be written.
+    target = tmp_path / ("a" * 251 + ".wav")
+    result = _edged("synth", "Hi.", "--voice", str(bundle_dir), "-o", str(target))
+    assert result.returncode == 0, result.stderr
+    assert [p.name for p in tmp_path.iterdir()] == [target.name] and target.read_bytes()[:4] == b"RIFF"
+
+
+def test_an_output_that_cannot_take_the_targets_place_is_an_error_not_a_traceback(tmp_path: Path) -> None:
+    # os.replace refused (another user's file in a sticky /tmp; here: the target became a
+    # directory while the audio was written).
+    from edged.cliio import OutputError, open_output
+
+    out = tmp_path / "x.wav"
+    with pytest.raises(OutputError, match="cannot write"), open_output(out) as output:
+        output.write(b"RIFF")
+        out.mkdir()
+        (out / "inside").touch()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.wav"]
 
 
 LONGER = "This sentence goes on for a while, clause after clause, so that two runs overlap in time. " * 3

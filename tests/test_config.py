@@ -73,6 +73,9 @@ def test_a_retired_setting_is_read_with_a_warning(tmp_path: Path, caplog: pytest
     ("[cache]\ndirectory = \"a\\u0000b\"\n", "cache.directory must not contain a NUL"),
     ("[voices]\nsearch_path = [\"/a\\u0000b\"]\n", "voices.search_path must not contain a NUL"),
     ("[openai]\nvoice_map = { Alloy = \"a\", alloy = \"b\" }\n", "differ only in case"),
+    # Accepted, they made a daemon that answered everything with 431, or exited naming the voice.
+    ("[limits]\nmax_header_bytes = 1\n", "limits.max_header_bytes must be at least 1024"),
+    ("[voices]\nprobe_text = \"   \"\n", "voices.probe_text must have something to say"),
 ])
 def test_bad_config_is_refused_with_the_setting_named(tmp_path: Path, text: str, message: str) -> None:
     config = tmp_path / "edged.toml"
@@ -127,3 +130,9 @@ def test_a_search_path_may_start_with_a_tilde(tmp_path: Path) -> None:
     config = tmp_path / "edged.toml"
     config.write_text('[voices]\nsearch_path = ["~/voices"]\n')
     assert load_settings(config, env={}).voices.search_path == ["~/voices"]
+
+
+def test_a_config_without_end_is_refused_past_a_bound(tmp_path: Path) -> None:
+    # --config /dev/zero read until memory ran out.
+    with pytest.raises(ConfigError, match="is over 1048576 bytes"):
+        load_settings(Path("/dev/zero"), env={})

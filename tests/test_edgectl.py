@@ -325,3 +325,9 @@ def test_cache_warm_names_the_line_of_a_phrase_for_an_unknown_voice(odd_daemon: 
     done = edgectl("cache", "warm", str(phrases), socket_path=odd_daemon.socket)
     assert done.returncode == 1, done.stderr
     assert f"{phrases} line 3: unknown voice 'nope'".encode() in done.stderr, done.stderr
+
+
+def test_cache_warm_refuses_an_endless_file_instead_of_reading_it_all(tmp_path: Path) -> None:
+    # /dev/zero (or `yes | edgectl cache warm -`) was read until memory ran out.
+    done = edgectl("cache", "warm", "/dev/zero", socket_path=tmp_path / "no-daemon.sock")
+    assert done.returncode == 2 and b"over 67108864 bytes" in done.stderr and b"Traceback" not in done.stderr
