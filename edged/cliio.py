@@ -264,7 +264,7 @@ def _kind(path: Path) -> str:
     realpath cannot): "missing", "file", "directory" or "special" (device, FIFO, socket)."""
     try:
         mode = os.stat(path).st_mode
-    except OSError:
+    except (FileNotFoundError, NotADirectoryError):  # (a symlink loop is an error, not "missing")
         return "missing"
     if stat.S_ISDIR(mode):
         return "directory"

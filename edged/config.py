@@ -232,14 +232,14 @@ def override(settings: Settings, dotted: str, value: Any) -> Settings:
 def socket_path(settings: Settings, env: typing.Mapping[str, str] | None = None) -> Path:
     """Where to bind when systemd passed no socket (the contract's order)."""
     if settings.server.socket:
-        return Path(settings.server.socket)
+        return Path(settings.server.socket).expanduser()  # as cache.directory and search_path
     return default_socket_path(env)
 
 
 def default_socket_path(env: typing.Mapping[str, str] | None = None) -> Path:
     env = os.environ if env is None else env
     if env.get("EDGED_SOCKET"):
-        return Path(env["EDGED_SOCKET"])
+        return Path(env["EDGED_SOCKET"]).expanduser()
     if os.geteuid() != 0 and env.get("XDG_RUNTIME_DIR"):
         return Path(env["XDG_RUNTIME_DIR"]) / "edged" / "edged.sock"
     return Path("/run/edged/edged.sock")

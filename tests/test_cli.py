@@ -130,6 +130,12 @@ def test_synth_names_an_output_it_cannot_write(tmp_path: Path, bundle_dir: Path)
     for target, message in ((tmp_path, b"is a directory"), (tmp_path / "none" / "x.wav", b"no directory")):
         result = _edged("synth", "Hi.", "--voice", str(bundle_dir), "-o", str(target))
         assert result.returncode == 2 and message in result.stderr and b"Traceback" not in result.stderr
+    # A symlink loop was taken for a missing file and replaced by the audio.
+    loop = tmp_path / "loop.wav"
+    loop.symlink_to(loop)
+    result = _edged("synth", "Hi.", "--voice", str(bundle_dir), "-o", str(loop))
+    assert result.returncode == 2 and b"Too many levels of symbolic links" in result.stderr, result.stderr
+    assert loop.is_symlink()
     # Names too long for the system were a traceback (from a check meant to refuse in time).
     for target in (tmp_path / ("a" * 300 + ".wav"), tmp_path / ("a" * 300) / "x.wav"):
         result = _edged("synth", "Hi.", "--voice", str(bundle_dir), "-o", str(target))

@@ -102,6 +102,10 @@ def test_socket_precedence(tmp_path: Path) -> None:
     expected = "/run/edged/edged.sock" if os.geteuid() == 0 else "/run/user/1000/edged/edged.sock"
     assert default_socket_path(xdg) == Path(expected)
     assert default_socket_path({**xdg, "EDGED_SOCKET": "/e.sock"}) == Path("/e.sock")
+    # As cache.directory and voices.search_path: "~/x.sock" made a directory named "~" here.
+    config.write_text('[server]\nsocket = "~/edged.sock"\n')
+    assert socket_path(load_settings(config, env={})) == Path.home() / "edged.sock"
+    assert default_socket_path({"EDGED_SOCKET": "~/e.sock"}) == Path.home() / "e.sock"
 
 
 def test_override_by_dotted_name() -> None:
