@@ -358,12 +358,16 @@ def check(settings: Settings) -> None:
         raise ConfigError(f"limits.max_header_bytes must be at least {MIN_HEADER_BYTES}")
     if settings.voices.probe_text and not settings.voices.probe_text.strip():
         raise ConfigError("voices.probe_text must have something to say, or be empty (no probe)")
-    named = [("voices.default", settings.voices.default), ("openai.default_voice", settings.openai.default_voice)]
-    named += [("voices.preload", voice) for voice in settings.voices.preload]
-    named += [(f"openai.voice_map.{name}", voice) for name, voice in settings.openai.voice_map.items()]
-    for path, voice in named:  # a path or a typo here would only be found out by each request
+    for path, voice in named_voices(settings):  # a path or a typo here would only be found out by each request
         if voice and not VOICE_ID.fullmatch(voice):
             raise ConfigError(f"{path} must be a voice id (letters, digits, '.', '_', '-'), not {voice[:80]!r}")
+
+
+def named_voices(settings: Settings) -> list[tuple[str, str]]:
+    """(setting, voice id) of every setting that names a voice; "" where none is named."""
+    named = [("voices.default", settings.voices.default), ("openai.default_voice", settings.openai.default_voice)]
+    named += [("voices.preload", voice) for voice in settings.voices.preload]
+    return named + [(f"openai.voice_map.{name}", voice) for name, voice in settings.openai.voice_map.items()]
 
 
 def _leaves(node: Any, where: str) -> typing.Iterator[tuple[str, Any]]:

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from . import __version__
 from .cacheservice import CacheService
-from .config import Settings
-from .errors import NotReady
+from .config import Settings, named_voices
+from .errors import EdgedError, NotReady
 from .espeak_worker import ESPEAK
 from .pipeline import Pipeline, SynthesisRequest
 from .registry import VoiceRegistry
@@ -84,10 +84,21 @@ class Daemon:
         """Load the default and preloaded voices in parallel threads (returns at once); the
         default voice's load is returned."""
         self.set_state(State.LOADING)
+        self._warn_of_missing_openai_voices()
         self.pipeline.start_threads()
         loads = {voice_id: self.registry.load(voice_id)
                  for voice_id in dict.fromkeys([self.settings.voices.default, *self.settings.voices.preload])}
         return loads[self.settings.voices.default]
+
+    def _warn_of_missing_openai_voices(self) -> None:
+        """The OpenAI route's voices are not loaded at start (the default and preloaded ones
+        are, and fail the start if missing): a typo would only be seen as each request's 404."""
+        for setting, voice_id in named_voices(self.settings):
+            if setting.startswith("openai.") and voice_id:
+                try:
+                    self.registry.info(voice_id)
+                except EdgedError as exc:  # not installed, or installed but unusable
+                    log.warning("%s names a voice its requests cannot have: %s", setting, exc)
 
     async def until_ready(self, default_load: concurrent.futures.Future[Voice]) -> None:
         """READY once the default voice can answer (`default_load`, from start_loading); its

@@ -237,7 +237,8 @@ async def _run(daemon: Daemon, listener: Listener, early_stop: threading.Event,
     try:
         await asyncio.wait({ready, stopping}, return_when=asyncio.FIRST_COMPLETED)
         if ready.done() and ready.exception() is not None:
-            log.error("the default voice cannot answer: %s", ready.exception())
+            log.error("the default voice (voices.default = %r) cannot answer: %s",
+                      daemon.settings.voices.default, ready.exception())
             exit_code = 1
         elif ready.done():
             notify("READY=1")

@@ -92,6 +92,13 @@ def test_openai_voice_names_are_mapped_whatever_their_case(tmp_path: Path, bundl
             assert reply.status == 200 and reply.headers["x-edged-voice"] == OTHER_VOICE
 
 
+def test_an_openai_voice_that_is_not_installed_is_named_at_start(tmp_path: Path) -> None:
+    # A typo in the map was only seen as each of its requests' 404.
+    with Daemon(tmp_path, '[openai]\nvoice_map = { alloy = "xx_XX-typo" }\n') as daemon:
+        assert "openai.voice_map.alloy names a voice its requests cannot have: unknown voice 'xx_XX-typo'" \
+            in daemon.log_text()
+
+
 BAD_INPUT = [
     ("empty text", b'{"text": ""}', 400, "bad_request"),
     ("blank text", b'{"text": "  \\n "}', 400, "bad_request"),

@@ -214,7 +214,8 @@ def test_daemon_exits_non_zero_when_its_default_voice_cannot_load(tmp_path: Path
     config = f'[voices]\ndefault = "xx_XX-broken"\nsearch_path = ["{voices}"]\n'
     daemon = Daemon(tmp_path / "d", config).start()
     assert daemon.proc is not None and daemon.proc.wait(60) == 1
-    assert "cannot answer" in daemon.log_text() and "wrong size" in daemon.log_text()
+    assert "default voice (voices.default = 'xx_XX-broken') cannot answer" in daemon.log_text()
+    assert "wrong size" in daemon.log_text()
     assert daemon.log_text().count("voice failed to load") == 1  # not loaded again for READY
     assert not daemon.socket.exists()
 
