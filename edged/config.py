@@ -240,8 +240,9 @@ def default_socket_path(env: typing.Mapping[str, str] | None = None) -> Path:
     env = os.environ if env is None else env
     if env.get("EDGED_SOCKET"):
         return Path(env["EDGED_SOCKET"]).expanduser()
-    if os.geteuid() != 0 and env.get("XDG_RUNTIME_DIR"):
-        return Path(env["XDG_RUNTIME_DIR"]) / "edged" / "edged.sock"
+    runtime = env.get("XDG_RUNTIME_DIR", "")
+    if os.geteuid() != 0 and os.path.isabs(runtime):  # a relative one is invalid (XDG): ignored
+        return Path(runtime) / "edged" / "edged.sock"
     return Path("/run/edged/edged.sock")
 
 

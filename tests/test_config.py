@@ -140,3 +140,10 @@ def test_a_config_without_end_is_refused_past_a_bound(tmp_path: Path) -> None:
     # --config /dev/zero read until memory ran out.
     with pytest.raises(ConfigError, match="is over 1048576 bytes"):
         load_settings(Path("/dev/zero"), env={})
+
+
+def test_a_user_daemon_takes_an_absolute_runtime_directory_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A relative $XDG_RUNTIME_DIR (invalid, by the XDG spec) put the socket under the working directory.
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # as a user: root ignores $XDG_RUNTIME_DIR
+    assert default_socket_path({"XDG_RUNTIME_DIR": "/run/user/1000"}) == Path("/run/user/1000/edged/edged.sock")
+    assert default_socket_path({"XDG_RUNTIME_DIR": "run/user"}) == Path("/run/edged/edged.sock")
