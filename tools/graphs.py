@@ -30,29 +30,35 @@ class CutError(Exception):
 
 def split_voice(model: onnx.ModelProto) -> tuple[onnx.ModelProto, onnx.ModelProto]:
     """Return (front, back); raise CutError unless the back needs nothing but the decoder's input."""
+    if any(i.name == "sid" for i in model.graph.input):  # the decoder would read the speaker too
+        raise CutError("a voice of several speakers (its model takes a speaker id, 'sid'): edged "
+                       "speaks voices of one speaker only")
     readers = [node.name for node in model.graph.node if DECODER_INPUT in node.input]
     if readers != [DECODER_FIRST_NODE]:
         raise CutError(f"{DECODER_INPUT} is not the decoder's input alone (read by {readers}): "
                        "not a Piper VITS export?")
+    if DECODER_INPUT not in {v.name for v in model.graph.value_info}:
+        # Exports by newer torch carry no shapes of inner tensors, which the extractor needs.
+        model = onnx.shape_inference.infer_shapes(model)
     extractor = Extractor(model)
     front = extractor.extract_model(FRONT_INPUTS, [DECODER_INPUT])
     back = extractor.extract_model([DECODER_INPUT], [AUDIO])
-    _check_closed(back)
-    _check_closed(front)
+    _check_closed(back, "back")
+    _check_closed(front, "front")
     _rename_tensors(front, {DECODER_INPUT: "latents"})
     _rename_tensors(back, {DECODER_INPUT: "latents", AUDIO: "audio"})
     front.graph.name, back.graph.name = "front", "back"
     return front, back
 
 
-def _check_closed(model: onnx.ModelProto) -> None:
+def _check_closed(model: onnx.ModelProto, name: str) -> None:
     """Every tensor a node reads must come from the graph's inputs, initializers or other nodes."""
     graph = model.graph
     available = {""} | {i.name for i in graph.input} | {i.name for i in graph.initializer}
     available |= {out for node in graph.node for out in node.output}
     missing = {name for node in graph.node for name in node.input} - available
     if missing:
-        raise CutError(f"{graph.name or 'graph'} is incomplete, it reads {sorted(missing)}")
+        raise CutError(f"the {name} graph cut from the voice is incomplete: it reads {sorted(missing)}")
 
 
 def _rename_tensors(model: onnx.ModelProto, names: dict[str, str]) -> None:
