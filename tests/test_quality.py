@@ -20,6 +20,8 @@ from tools.eval_quality import (
     ZERO_NOISE,
     SourceModel,
     Streamed,
+    check_source,
+    default_source,
     seam_report,
     snr_db,
     stream,
@@ -31,7 +33,7 @@ MIN_SNR_DB = 60.0
 
 @pytest.fixture(scope="module")
 def source() -> SourceModel:
-    return SourceModel.default()
+    return SourceModel(default_source())
 
 
 @pytest.fixture(scope="module")
@@ -107,3 +109,13 @@ def test_asr_round_trip_hears_the_engine(bundle_dir: Path) -> None:
     text = "Please close the kitchen window before it starts to rain."
     heard = Asr.load().transcribe(synthesize(voice, text, ZERO_NOISE).audio, voice.sample_rate)
     assert word_error_rate(text, heard) <= 0.2, heard
+
+
+def test_eval_quality_refuses_a_model_the_bundle_was_not_built_from(tmp_path: Path, bundle_dir: Path) -> None:
+    # It measured every bundle against the default voice's model: another voice's bundle got a
+    # traceback ("lengths differ"), or an SNR of two different voices.
+    check_source(bundle_dir, default_source())
+    other = tmp_path / "other.onnx"
+    other.write_bytes(default_source().read_bytes()[:-1] + b"\0")
+    with pytest.raises(ValueError, match="was not built from"):
+        check_source(bundle_dir, other)

