@@ -192,6 +192,25 @@ def test_socket_path_too_long_is_a_clear_error(tmp_path: Path, bundle_dir: Path)
     assert not daemon.socket.parent.exists()
 
 
+def test_a_socket_it_may_not_bind_is_a_clear_error(tmp_path: Path) -> None:
+    # A directory the daemon may not write in, with the lock file a root daemon left there: the
+    # bind's EACCES was a traceback.
+    directory = tmp_path / "run"
+    directory.mkdir()
+    (directory / "edged.sock.lock").touch(mode=0o666)
+    command = [sys.executable, "-m", "edged", "serve", "--socket", str(directory / "edged.sock")]
+    if os.geteuid() == 0:  # root writes anywhere: serve as root without that power
+        if shutil.which("setpriv") is None:
+            pytest.skip("needs setpriv (util-linux) to run as root without CAP_DAC_OVERRIDE")
+        os.chown(directory, 65534, 65534)
+        caps = "-dac_override,-dac_read_search,-fowner"
+        command = ["setpriv", "--bounding-set", caps, "--inh-caps", caps, *command]
+    directory.chmod(0o555)
+    result = subprocess.run(command, cwd=REPO, capture_output=True, timeout=60, check=False)
+    assert result.returncode == 2 and b"cannot use socket" in result.stderr, result.stderr
+    assert b"Permission denied" in result.stderr and b"Traceback" not in result.stderr
+
+
 def test_socket_directory_is_created(tmp_path: Path, bundle_dir: Path) -> None:
     daemon = Daemon(tmp_path)
     daemon.socket = tmp_path / "deep" / "er" / "edged.sock"
