@@ -10,7 +10,8 @@ from typing import Any
 
 _lock = threading.Lock()
 _parsing = 0
-"""Parses under way: the collector is back on when the last one ends."""
+"""Parses under way: the collector is back on when the last one ends (if it was on before the first)."""
+_collecting = True
 
 
 def loads(text: str | bytes, **options: Any) -> Any:
@@ -18,8 +19,10 @@ def loads(text: str | bytes, **options: Any) -> Any:
     Python's limit and raise RecursionError, which callers catch; but a collection can start at
     any allocation, and its callbacks (edged.metrics times every pause) then run at that depth,
     fail with a RecursionError of their own, and Python can only print that as a traceback."""
-    global _parsing
+    global _parsing, _collecting
     with _lock:
+        if _parsing == 0:
+            _collecting = gc.isenabled()
         _parsing += 1
         gc.disable()
     try:
@@ -27,5 +30,5 @@ def loads(text: str | bytes, **options: Any) -> Any:
     finally:
         with _lock:
             _parsing -= 1
-            if _parsing == 0:
+            if _parsing == 0 and _collecting:
                 gc.enable()
