@@ -33,6 +33,7 @@ from .admin import admin_group_missing
 from .config import Settings, load_settings, socket_path
 from .daemon import Daemon, State
 from .errors import AlreadyRunning, ConfigError
+from .loopsignals import LoopSignals
 from .sdnotify import Notifier, start_watchdog
 
 if TYPE_CHECKING:
@@ -214,12 +215,11 @@ async def _run(daemon: Daemon, listener: Listener, early_stop: threading.Event,
     def stop_signal() -> None:  # the first asks for a drain, a second to cut it short
         (stop_now if stop.is_set() else stop).set()
 
-    for sig in STOP_SIGNALS:
-        loop.add_signal_handler(sig, stop_signal)
+    # Until configuration reload exists (SIGHUP), a reload must not kill the daemon.
+    signals = LoopSignals(loop, {**dict.fromkeys(STOP_SIGNALS, stop_signal),
+                                 signal.SIGHUP: lambda: log.warning("SIGHUP: reload is not supported yet")})
     if early_stop.is_set():
         stop.set()
-    # Until configuration reload exists (SIGHUP), a reload must not kill the daemon.
-    loop.add_signal_handler(signal.SIGHUP, lambda: log.warning("SIGHUP: reload is not supported yet"))
 
     # The cache is open before the first request is served (it needs no model, so the first
     # request can already be a hit). Its disk tier opens on the cache's writer thread while the
@@ -256,9 +256,7 @@ async def _run(daemon: Daemon, listener: Listener, early_stop: threading.Event,
         daemon.set_state(State.STOPPED)
         await notify.flush(NOTIFY_FLUSH_S)  # signals are still ours meanwhile: a second is no kill
         notify.close()
-        for sig in (*STOP_SIGNALS, signal.SIGHUP):
-            loop.remove_signal_handler(sig)  # which leaves the default action, that is death
-        _signals_outside_the_loop(early_stop)
+        signals.hand_over(lambda: _signals_outside_the_loop(early_stop))
     return exit_code
 
 
