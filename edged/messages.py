@@ -75,8 +75,8 @@ def _load_json(body: bytes) -> Any:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BadInput(f"request body is not valid UTF-8 (byte {exc.start})") from None
-    try:
-        return loads(text, object_pairs_hook=_object)
+    try:  # a byte order mark is no JSON, but PowerShell and Notepad write one (RFC 8259: may ignore it)
+        return loads(text.removeprefix("\ufeff"), object_pairs_hook=_object)
     except json.JSONDecodeError as exc:
         raise BadInput(f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except (ValueError, RecursionError):  # a number of thousands of digits; nesting too deep
