@@ -106,8 +106,8 @@ def synthesize_body(data: dict[str, Any], max_text_chars: int) -> SynthesizeBody
 
 def speech_body(data: dict[str, Any], max_text_chars: int) -> SpeechBody:
     voice = _optional_str(data, "voice")
-    if voice is None:
-        raise BadInput("missing field 'voice'")
+    if voice is None:  # (required here: OpenAI's API has no default voice)
+        raise BadInput("field 'voice' is empty" if data.get("voice") == "" else "missing field 'voice'")
     if _given(data, "stream_format", "audio") != "audio":  # it would change the answer's shape
         raise BadInput(f"stream_format {_shown(data['stream_format'])} is not supported; the audio is "
                        "streamed as it is made (\"audio\")")

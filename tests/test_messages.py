@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from edged.errors import BadInput
-from edged.messages import parse_json
+from edged.messages import parse_json, speech_body
 
 
 def test_a_body_may_start_with_a_byte_order_mark() -> None:
@@ -13,3 +13,10 @@ def test_a_body_may_start_with_a_byte_order_mark() -> None:
     assert parse_json(b'\xef\xbb\xbf{"text": "Hi."}') == {"text": "Hi."}
     with pytest.raises(BadInput, match="malformed JSON"):
         parse_json(b'{"text": "Hi."}\xef\xbb\xbf')  # elsewhere it is still no JSON
+
+
+def test_an_empty_openai_voice_is_called_empty_not_missing() -> None:
+    with pytest.raises(BadInput, match="field 'voice' is empty"):
+        speech_body({"input": "Hi.", "voice": ""}, 100)
+    with pytest.raises(BadInput, match="missing field 'voice'"):
+        speech_body({"input": "Hi."}, 100)
