@@ -322,9 +322,9 @@ def _join(where: str, name: str) -> str:
 MIN_SECONDS = 0.001
 """Shortest time a *_s setting takes."""
 MAX_STAGE_THREADS = 64
+"""Far above what 2 cores use; a typo like 2000 would start 2,000 threads."""
 MIN_HEADER_BYTES = 1024
 """A request line and the headers curl or an HTTP library sends fit in far less."""
-"""Far above what 2 cores use; a typo like 2000 would start 2,000 threads."""
 
 
 def check(settings: Settings) -> None:

@@ -84,10 +84,10 @@ class Daemon:
         """Load the default and preloaded voices in parallel threads (returns at once); the
         default voice's load is returned."""
         self.set_state(State.LOADING)
-        self._warn_of_missing_openai_voices()
         self.pipeline.start_threads()
         loads = {voice_id: self.registry.load(voice_id)
                  for voice_id in dict.fromkeys([self.settings.voices.default, *self.settings.voices.preload])}
+        self._warn_of_missing_openai_voices()  # after: the loads need not wait for its manifest reads
         return loads[self.settings.voices.default]
 
     def _warn_of_missing_openai_voices(self) -> None:

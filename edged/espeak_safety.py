@@ -42,6 +42,11 @@ def safe_for_espeak(text: str) -> str:
     return text.replace("\0", " ")
 
 
+def nothing_to_read(text: str) -> bool:
+    """Whether espeak-ng is given only spaces (a NUL is one, see safe_for_espeak)."""
+    return not text.replace("\0", " ").strip()
+
+
 def _broken_up(run: re.Match[str]) -> str:
     """The run with a space at most every _MAX_RUN characters: after the last of _BREAK_AFTER in
     each stretch that has one, else after its _MAX_RUN-th character."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from piper.phoneme_ids import phonemes_to_ids
 
 from .errors import BadInput
-from .espeak_safety import safe_for_espeak
+from .espeak_safety import nothing_to_read, safe_for_espeak
 from .espeak_worker import ESPEAK, TextStalled
 from .textblocks import BLOCK_CHARS, text_blocks
 
@@ -60,7 +60,7 @@ def pieces_ids(
 def sentences(text: str, espeak_voice: str) -> Iterator[list[str]]:
     """Phonemes of each sentence that has something to pronounce. Phonemes written out in the text
     ("[[ h@loU ]]") are taken as Piper takes them: as they are, in the sentence they stand in."""
-    if not text.replace("\0", " ").strip():  # a NUL is read as a space (espeak_safety)
+    if nothing_to_read(text):
         raise BadInput("text is empty")
     parts = _split_written(text)  # text, [[phonemes]], text, ...
     last = len(parts) // 2  # the text after the last written phonemes (all of it, if none)

@@ -271,11 +271,10 @@ def check_source(bundle: Path, source: Path) -> None:
         raise ValueError(f"{bundle} was not built from {source}: give its Piper model with --onnx")
 
 
-def evaluate(bundle: Path, quick: bool, zero_noise: bool, asr_settings: AsrSettings,
-             renditions: int = 1, source: Path | None = None) -> dict[str, Any]:
-    """`source`: the Piper model the bundle was built from (default: the default voice's)."""
+def evaluate(bundle: Path, source: Path, quick: bool, zero_noise: bool, asr_settings: AsrSettings,
+             renditions: int = 1) -> dict[str, Any]:
+    """`source`: the Piper model the bundle was built from (check_source)."""
     started = time.perf_counter()
-    source = source or default_source()
     sentences = read_sentences()
     texts = dict(SNR_TEXTS)
     if quick:
@@ -396,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     except (BundleError, OSError, ValueError) as exc:
         print(f"eval_quality: {exc}", file=sys.stderr)
         return 2
-    result = evaluate(args.bundle, args.quick, args.zero_noise, asr_settings, args.renditions, source)
+    result = evaluate(args.bundle, source, args.quick, args.zero_noise, asr_settings, args.renditions)
     print(summary(result), file=sys.stderr)
     json.dump(_finite(result), sys.stdout, indent=2, allow_nan=False)
     print()
