@@ -33,6 +33,8 @@ from .daemon import AudioStream, CacheStatus, Daemon
 from .errors import (
     BadInput,
     Busy,
+    CodingNotImplemented,
+    CompressedBody,
     EdgedError,
     HttpVersionNotSupported,
     MethodNotAllowed,
@@ -108,6 +110,7 @@ class App:
                 self.daemon.connections_refused += 1
                 raise Busy(f"too many connections (limit {self.settings.server.max_connections})")
             _require_http1(scope)
+            _require_plain_body(scope)
             methods = self.routes.get(path)
             if methods is None:
                 raise NotFound(f"no route {path[:200]!r}")
@@ -309,6 +312,19 @@ def _require_http1(scope: Scope) -> None:
     higher minor version is answered as 1.1, RFC 9110 2.5)."""
     if not str(scope.get("http_version", "")).startswith("1."):
         raise HttpVersionNotSupported(f"HTTP/{scope.get('http_version')} is not spoken here: use HTTP/1.1")
+
+
+def _require_plain_body(scope: Scope) -> None:
+    """The parser undoes chunked framing and nothing else: a body sent gzipped would be read as
+    if it were plain, and the client told its JSON is malformed (or, worse, that it was fine)."""
+    for name, value in scope["headers"]:
+        codings = {c.strip().lower() for c in value.decode("latin-1").split(",")} - {""}
+        if name == b"transfer-encoding" and codings - {"chunked"}:
+            raise CodingNotImplemented(f"transfer coding {value.decode('latin-1')[:100]!r} is not "
+                                       "implemented: send the body plain, or chunked")
+        if name == b"content-encoding" and codings - {"identity"}:
+            raise CompressedBody(f"content encoding {value.decode('latin-1')[:100]!r} is not "
+                                 "supported: send the body uncompressed")
 
 
 def _require_streaming(scope: Scope) -> None:

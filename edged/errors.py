@@ -96,6 +96,22 @@ class HttpVersionNotSupported(EdgedError):
     http_status = 505
 
 
+class CodingNotImplemented(EdgedError):
+    """A transfer coding other than chunked (gzip, deflate ...): RFC 9112 6.1 asks for a 501."""
+
+    code = "coding_not_implemented"
+    http_status = 501
+    closes_connection = True
+
+
+class CompressedBody(EdgedError):
+    """A request body with a Content-Encoding: edged reads plain bodies only (RFC 9110 15.5.16)."""
+
+    code = "unsupported_content_encoding"
+    http_status = 415
+    closes_connection = True
+
+
 class HeadersTooLarge(EdgedError):
     """The request line and headers are over the configured byte limit."""
 

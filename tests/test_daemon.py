@@ -277,6 +277,28 @@ def test_requests_the_parser_rejects_get_a_json_400(daemon: Daemon, request_byte
     assert _requests_counted(daemon, "other", 400) == counted_before + 1
 
 
+@pytest.mark.parametrize(("header", "status", "code"), [
+    (b"Transfer-Encoding: gzip, chunked", 501, "coding_not_implemented"),
+    (b"Content-Encoding: gzip", 415, "unsupported_content_encoding"),
+])
+def test_a_body_in_a_coding_not_undone_is_refused_not_read_as_plain(daemon: Daemon, header: bytes, status: int,
+                                                                    code: str) -> None:
+    # Both were read as a plain body: a client sending real gzip was told its JSON was malformed.
+    body = b'{"text": "Hi."}'
+    chunked = b"chunked" in header
+    framing = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body) if chunked else body
+    length = b"" if chunked else b"Content-Length: %d\r\n" % len(body)
+    with daemon.connect() as sock:
+        sock.sendall(b"POST /v1/synthesize HTTP/1.1\r\nHost: x\r\n" + header + b"\r\n" + length + b"\r\n" + framing)
+        answer, body_read = read_head(sock)
+        assert answer == status and json.loads(body_read)["error"]["code"] == code
+        assert sock.recv(1024) == b""  # the body was not read: the connection cannot go on
+    identity = b"Content-Encoding: identity\r\nContent-Length: %d\r\n\r\n" % len(body)
+    with daemon.connect() as sock:
+        sock.sendall(b"POST /v1/synthesize HTTP/1.1\r\nHost: x\r\n" + identity + body)
+        assert read_head(sock)[0] == 200
+
+
 def _requests_counted(daemon: Daemon, route: str, status: int) -> float:
     needle = f'edged_requests_total{{route="{route}",status="{status}"}} '
     lines = [line for line in daemon.get("/metrics").body.decode().splitlines() if line.startswith(needle)]
