@@ -60,16 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command")
 
     serve = commands.add_parser("serve", help="run the daemon (the default)")
-    serve.add_argument("--config", type=Path, help="TOML configuration file")
-    serve.add_argument("--socket", type=lambda text: Path(text) if text else None,  # "": the default
-                       help="Unix socket path to listen on")
+    serve.add_argument("--config", type=_path_or_default, help="TOML configuration file")
+    serve.add_argument("--socket", type=_path_or_default, help="Unix socket path to listen on")
     serve.set_defaults(run=_serve)
 
     synth = commands.add_parser("synth", help="synthesize in this process, without a daemon")
     synth.add_argument("text", help="text to speak, or - to read it from stdin")
     synth.add_argument("-o", "--output", type=Path, help="WAV file to write")
     synth.add_argument("--raw", action="store_true", help="16-bit PCM to stdout as it is produced")
-    synth.add_argument("--voice", default=DEFAULT_VOICE, help="voice id or bundle directory")
+    synth.add_argument("--voice", type=lambda text: text or DEFAULT_VOICE, default=DEFAULT_VOICE,
+                       help="voice id or bundle directory")  # "": the default, as the daemon takes it
     synth.add_argument("--precision", choices=["fp32", "int8"], help="default: the bundle's choice")
     synth.add_argument("--speed", type=float, default=1.0, help="speaking rate (2.0 = twice as fast)")
     synth.add_argument("--fixed-shape", action="store_true",
@@ -77,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "in int8, within its rounding)")
     synth.set_defaults(run=_synth)
     return parser
+
+
+def _path_or_default(text: str) -> Path | None:
+    """An empty option means its default, as an empty setting in the config file does."""
+    return Path(text) if text else None
 
 
 COMMANDS = ("serve", "synth")

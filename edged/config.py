@@ -349,6 +349,9 @@ def check(settings: Settings) -> None:
     for entry in settings.voices.search_path:
         if not Path(entry).expanduser().is_absolute():
             raise ConfigError(f"voices.search_path entry {entry!r} must be an absolute path")
+    # Relative would mean relative to wherever the daemon started: / under systemd.
+    if settings.cache.directory is not None and not Path(settings.cache.directory).expanduser().is_absolute():
+        raise ConfigError(f"cache.directory {str(settings.cache.directory)!r} must be an absolute path")
     if not 0o001 <= settings.server.socket_mode <= 0o777:
         raise ConfigError("server.socket_mode must be a file mode between 0o001 and 0o777")
     if settings.voices.precision not in ("", "fp32", "int8"):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -74,10 +76,20 @@ def test_synth_names_an_unknown_voice(tmp_path: Path, bundle_dir: Path) -> None:
     result = _edged("synth", "Hi.", "--voice", "no-such-voice", "-o", str(tmp_path / "x.wav"))
     assert result.returncode == 2
     assert b"unknown voice 'no-such-voice'" in result.stderr
-    # An empty voice is not "the current directory", even where that holds a bundle.
-    result = subprocess.run([sys.executable, "-m", "edged", "synth", "Hi.", "--voice", "", "-o", str(tmp_path / "x.wav")],
-                            cwd=bundle_dir, capture_output=True, timeout=120, check=False)
-    assert result.returncode == 2 and b"unknown voice ''" in result.stderr
+
+
+def test_an_empty_voice_is_the_default_as_the_daemon_takes_it(tmp_path: Path, bundle_dir: Path) -> None:
+    # Not "the current directory", even where that holds a bundle: this one is not the default.
+    elsewhere = tmp_path / "other-voice"
+    shutil.copytree(bundle_dir, elsewhere)
+    manifest = json.loads((elsewhere / "manifest.json").read_text())
+    (elsewhere / "manifest.json").write_text(json.dumps({**manifest, "sample_rate": 16000}))
+    out = tmp_path / "x.wav"
+    result = subprocess.run([sys.executable, "-m", "edged", "synth", "Hi.", "--voice", "", "-o", str(out)],
+                            cwd=elsewhere, capture_output=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    with wave.open(str(out)) as wav:
+        assert wav.getframerate() == 22050 and wav.getnframes() > 0
 
 
 def test_synth_leaves_no_onnxruntime_telemetry_behind(tmp_path: Path, bundle_dir: Path) -> None:
@@ -154,6 +166,14 @@ def test_serve_is_the_default_command_and_takes_its_options(tmp_path: Path) -> N
     assert with_default_command(["-v", "--socket", "s"]) == ["-v", "serve", "--socket", "s"]
     assert with_default_command([]) == ["serve"]
     assert with_default_command(["synth", "serve"]) == ["synth", "serve"]
+
+
+def test_empty_path_options_mean_their_defaults() -> None:
+    from edged.cli import build_parser
+
+    # --config "" was opened as the current directory ("Is a directory").
+    args = build_parser().parse_args(["serve", "--config", "", "--socket", ""])
+    assert args.config is None and args.socket is None
 
 
 @pytest.mark.parametrize("name", ["/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"])

@@ -68,6 +68,7 @@ def test_a_retired_setting_is_read_with_a_warning(tmp_path: Path, caplog: pytest
     ("[pipeline.back]\nconcurrency = 2000\n", "pipeline.back.concurrency must be at most 64"),  # 2,000 threads
     ("[voices]\nsearch_path = [\"voices\"]\n", "must be an absolute path"),  # relative to what?
     ("[voices]\nsearch_path = [\"\"]\n", "must be an absolute path"),
+    ("[cache]\ndirectory = \"audio\"\n", "cache.directory 'audio' must be an absolute path"),  # under /
     # Past SQLite's integers, and a NUL no path can hold: accepted, they turned the cache off later.
     ("[cache]\ndisk_bytes = 99999999999999999999999\n", "cache.disk_bytes is out of range"),
     ("[cache]\ndirectory = \"a\\u0000b\"\n", "cache.directory must not contain a NUL"),
