@@ -33,6 +33,14 @@ def test_without_sentence_ends_blocks_end_at_spaces_else_not_inside_a_letter() -
     assert "".join(blocks) == marked and not any(unicodedata.combining(b[0]) for b in blocks)
 
 
+@pytest.mark.parametrize("run", ["\u200d" * 12_000, "a" + "\u0301" * 12_000], ids=["joiners", "marks"])
+def test_a_run_of_marks_or_joiners_is_cut_into_whole_blocks(run: str) -> None:
+    # Cut before its last letter, a window of marks alone shrank to one character: ~10,000 blocks
+    # (an espeak-ng fork each), which held the daemon's text stage for minutes.
+    blocks = list(text_blocks(run, block_chars=2000, ends_sentence=lambda text, end: False))
+    assert "".join(blocks) == run and len(blocks) <= 7
+
+
 def test_likely_sentence_ends_come_in_order_of_likelihood() -> None:
     text = "One. Two... Three. four. Five? six \u3002seven"
     ends = likely_sentence_ends(text, 0, len(text))
