@@ -23,9 +23,13 @@ NAME_MAX = 64
 MANIFEST_NAME = "manifest.json"
 MAX_MANIFEST_BYTES = 1 << 20
 """A built manifest is ~11 kB; status calls read the manifests of voices not loaded."""
-FORMAT_VERSION = 3
-"""3: the flow is in the front graph, the back is the decoder alone (2: the back held the flow and
-had a `trim` input; 1: its decoder decoded all of the flow's context)."""
+FORMAT_VERSION = 4
+"""4: each precision also has a back_fixed graph, the back with a frame mask for the fixed-shape
+mode (3: the flow is in the front graph, the back is the decoder alone; 2: the back held the flow
+and had a `trim` input; 1: its decoder decoded all of the flow's context)."""
+GRAPH_ROLES = ("front", "back", "back_fixed")
+"""The graphs of each precision: back_fixed is the back with a `frame_mask` input, which the
+fixed-shape mode runs (it masks a short piece's padding at every layer)."""
 
 Precision = Literal["fp32", "int8"]
 PIPER_MARKERS = ("^", "$", "_")
@@ -80,7 +84,7 @@ class Manifest:
     inference: dict[str, float]
     """Default noise_scale, length_scale and noise_w of the voice."""
     graphs: dict[str, dict[str, str]]
-    """graphs[precision][front|back] -> file name of the ONNX graph."""
+    """graphs[precision][front|back|back_fixed] -> file name of the ONNX graph."""
     files: dict[str, dict[str, Any]]
     """file name -> {"sha256": hex, "size": bytes} for every file of the bundle."""
     streaming: Streaming = field(default_factory=Streaming)
@@ -120,10 +124,11 @@ class Manifest:
             for name, entry in self.files.items()),
             "files must map plain file names of the bundle to their sha256 and size")
         _require(isinstance(self.graphs, dict) and self.graphs and all(
-            precision in ("fp32", "int8") and isinstance(pair, dict) and set(pair) == {"front", "back"}
-            and all(isinstance(g, str) and g in self.files and g + ".data" in self.files for g in pair.values())
-            for precision, pair in self.graphs.items()),
-            "graphs must name, for fp32 and/or int8, a front and a back graph listed in files with their .data")
+            precision in ("fp32", "int8") and isinstance(roles, dict) and set(roles) == set(GRAPH_ROLES)
+            and all(isinstance(g, str) and g in self.files and g + ".data" in self.files for g in roles.values())
+            for precision, roles in self.graphs.items()),
+            "graphs must name, for fp32 and/or int8, a front, a back and a back_fixed graph listed in files "
+            "with their .data")
         _require(isinstance(self.default_precision, str) and self.default_precision in self.graphs,
                  "default_precision must be one of the bundle's graphs")
 

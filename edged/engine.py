@@ -39,6 +39,9 @@ FRONT_INPUTS = ("input", "input_lengths", "scales")
 """The front graph's inputs: those of the whole Piper model (see front_feed)."""
 BACK_INPUTS = ("latents",)
 """The back graph's input (see back_feed)."""
+FRAME_MASK = "frame_mask"
+BACK_FIXED_INPUTS = ("latents", FRAME_MASK)
+"""The inputs of the back graph of the fixed-shape mode, back_fixed (see back_feed)."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,8 @@ class EngineSettings:
     precision: Precision | None = None
     """None takes the bundle's recorded default (chosen by measurement at build time)."""
     fixed_shape: bool = False
-    """Run the back graph at one input shape only, as an NPU needs."""
+    """Run the back graph at one input shape only, as an NPU needs: the bundle's back_fixed graph,
+    which masks the padding of a piece shorter than that shape."""
     pieces: PieceLimits = field(default_factory=PieceLimits)
     sessions: SessionSettings = field(default_factory=SessionSettings)
     verify: bool = True
@@ -95,7 +99,8 @@ class Voice:
             raise BundleError(f"{bundle_dir}: bundle has no {self.precision} graphs")
         started = time.perf_counter()
         start_espeak()  # its process starts while the graphs load
-        graph_files = [graphs["front"], graphs["back"]]
+        back_graph = "back_fixed" if settings.fixed_shape else "back"  # only the one used: memory
+        graph_files = [graphs["front"], graphs[back_graph]]
         if settings.verify:
             # The graph files (small) are checked before onnxruntime parses them; their weights
             # (tens of MB) are hashed while the sessions are made, which halves the load time on
@@ -109,7 +114,8 @@ class Voice:
             self._front, front_provider = front.result()
             self._back, back_provider = back.result()
         _expect_graph(self._front, FRONT_INPUTS, bundle_dir / graph_files[0])
-        _expect_graph(self._back, BACK_INPUTS, bundle_dir / graph_files[1])
+        _expect_graph(self._back, BACK_FIXED_INPUTS if settings.fixed_shape else BACK_INPUTS,
+                      bundle_dir / graph_files[1])
         self.providers = {"front": front_provider, "back": back_provider}
         self.load_ms = (time.perf_counter() - started) * 1000
         log.info("voice %s %s (%s) loaded in %.0f ms, providers %s", manifest.voice_id,
@@ -168,7 +174,7 @@ class Voice:
 
     def decode_float(self, latents: Latents, window: Window, run_options: RunOptions | None = None) -> np.ndarray:
         """Audio samples in [-1, 1] for the frames the window keeps."""
-        feed = back_feed(latents.frames, window)
+        feed = back_feed(latents.frames, window, masked=self.settings.fixed_shape)
         audio = self._run(self._back, "back", feed, run_options)[0].reshape(-1)
         hop, start = self.manifest.hop_length, window.in_start
         if audio.size != feed["latents"].shape[2] * hop:  # else the trim below cuts the wrong samples
@@ -214,13 +220,19 @@ def front_feed(ids: list[int], scales: np.ndarray) -> dict[str, np.ndarray]:
             "input_lengths": np.array([len(ids)], dtype=np.int64), "scales": scales}
 
 
-def back_feed(frames: np.ndarray, window: Window) -> dict[str, np.ndarray]:
-    """Input of the back graph for one window of a piece's frames: the window's input frames,
-    zero-padded to a fixed shape."""
+def back_feed(frames: np.ndarray, window: Window, masked: bool = False) -> dict[str, np.ndarray]:
+    """Inputs of the back graph for one window of a piece's frames: the window's input frames,
+    zero-padded to a fixed shape; `masked` (the back_fixed graph) adds the frame mask, 0 on the
+    padding, with which the graph zeroes every layer's input there as the unsplit decoder's own
+    padding does (zero frames alone are not: conv_pre's bias makes them nonzero)."""
     frames = frames[:, :, window.in_start : window.in_end]
     if window.pad:
         frames = np.pad(frames, ((0, 0), (0, 0), (0, window.pad)))
-    return {"latents": frames}
+    if not masked:
+        return {"latents": frames}
+    mask = np.ones((1, 1, window.in_frames), dtype=np.float32)
+    mask[:, :, window.in_frames - window.pad :] = 0.0
+    return {"latents": frames, FRAME_MASK: mask}
 
 
 def to_pcm16(audio: np.ndarray) -> bytes:

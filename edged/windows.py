@@ -18,7 +18,8 @@ class Window:
     in_start: int
     in_end: int
     pad: int = 0
-    """Zero frames appended after in_end so that a fixed-shape graph gets its one shape."""
+    """Frames appended after in_end so that a fixed-shape graph gets its one shape (zeros, which the
+    graph's frame mask marks as padding: edged.engine.back_feed)."""
 
     def __post_init__(self) -> None:
         if not (self.in_start <= self.keep_start < self.keep_end <= self.in_end):
@@ -57,8 +58,8 @@ def fixed_windows(n_frames: int, window: int, context: int) -> list[Window]:
     """Windows whose input is always `window + 2 * context` frames, the form an NPU compiler needs.
 
     Where a sentence edge leaves no context, the input slides inward instead of padding; only a
-    sentence shorter than the input shape is padded (with zero frames, as the mask makes the
-    frames past a sentence's end) at its end.
+    sentence shorter than the input shape is padded at its end, and the back_fixed graph masks
+    that padding at every layer, so that the audio is the unsplit decoder's.
     """
     shape = window + 2 * context
     if n_frames <= shape:

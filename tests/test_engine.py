@@ -197,6 +197,7 @@ MANIFEST_DAMAGE = {
                                 "plain file names"),
     "graph outside the bundle": (lambda m: m["graphs"]["int8"].update(front="/etc/passwd"), "graphs must name"),
     "graph without back": (lambda m: m["graphs"]["int8"].pop("back"), "graphs must name"),
+    "graph without back_fixed": (lambda m: m["graphs"]["fp32"].pop("back_fixed"), "graphs must name"),
     "data file not listed": (lambda m: m["files"].pop("back.int8.onnx.data"), "graphs must name"),
     "inference without scales": (lambda m: m.update(inference={}), "inference must hold"),
     # noise_w 10 stretched a sentence past the box's memory: the killer ended the process.
@@ -228,6 +229,15 @@ def test_graphs_in_each_others_place_are_refused_at_load(bundle_dir: Path, tmp_p
     _with_manifest(copy, lambda m: m["graphs"]["int8"].update(front="back.int8.onnx", back="front.int8.onnx"))
     with pytest.raises(BundleError, match="graph inputs"):
         Voice.load(copy, EngineSettings(precision="int8"))
+
+
+def test_a_back_without_the_frame_mask_is_refused_for_the_fixed_shape(bundle_dir: Path, tmp_path: Path) -> None:
+    # The fixed-shape mode feeds a frame mask, which only back_fixed takes.
+    copy = _copy_bundle(bundle_dir, tmp_path / "bundle")
+    _with_manifest(copy, lambda m: m["graphs"]["int8"].update(back_fixed="back.int8.onnx"))
+    Voice.load(copy, EngineSettings(precision="int8"))  # growing windows do not open it
+    with pytest.raises(BundleError, match=r"graph inputs \('latents',\) are not the expected"):
+        Voice.load(copy, EngineSettings(precision="int8", fixed_shape=True))
 
 
 def test_a_graph_onnxruntime_cannot_read_is_a_bundle_error(bundle_dir: Path, tmp_path: Path) -> None:

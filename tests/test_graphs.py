@@ -41,3 +41,38 @@ def test_a_voice_of_several_speakers_is_refused_saying_so(source: onnx.ModelProt
     several.graph.input.append(onnx.helper.make_tensor_value_info("sid", onnx.TensorProto.INT64, [1]))
     with pytest.raises(graphs.CutError, match="several speakers"):
         graphs.split_voice(several)
+
+
+def test_the_fixed_back_masks_the_input_of_every_convolution_at_its_rate(source: onnx.ModelProto) -> None:
+    _, back = graphs.split_voice(source)
+    fixed = graphs.mask_padding(back)
+    made = {out: node for node in fixed.graph.node for out in node.output}
+    convs = [n for n in fixed.graph.node if n.op_type in graphs.CONVS]
+    assert len(convs) == 23  # conv_pre, 3 ups, 9 resblocks of 2, conv_post
+    masks = {made[conv.input[0]].input[1] for conv in convs}  # each conv reads a Mul by a mask
+    assert masks == {graphs.FRAME_MASK, "/mask/rate_8", "/mask/rate_64", "/mask/rate_256"}
+    assert sum(n.op_type == "Mul" for n in fixed.graph.node) == 17  # one per tensor that convs read
+    assert [i.name for i in fixed.graph.input] == ["latents", graphs.FRAME_MASK]
+
+
+def _refusal(back: onnx.ModelProto, node_name: str, change) -> str:  # type: ignore[no-untyped-def]
+    broken = _copy(back)
+    change(next(n for n in broken.graph.node if n.name == node_name), broken.graph)
+    with pytest.raises(graphs.CutError) as refused:
+        graphs.mask_padding(broken)
+    return str(refused.value)
+
+
+def test_a_back_graph_whose_rates_cannot_be_followed_is_refused(source: onnx.ModelProto) -> None:
+    _, back = graphs.split_voice(source)
+
+    def shorter(node: onnx.NodeProto, graph: onnx.GraphProto) -> None:  # pads of 5 for a 7-wide kernel
+        next(a for a in node.attribute if a.name == "pads").ints[:] = [3, 2]
+
+    def through_a_transpose(node: onnx.NodeProto, graph: onnx.GraphProto) -> None:
+        graph.node.insert(list(graph.node).index(node), onnx.helper.make_node(
+            "Transpose", [node.input[0]], ["swapped"], perm=[0, 2, 1]))
+        node.input[0] = "swapped"
+
+    assert "not its input's length" in _refusal(back, "/dec/conv_pre/Conv", shorter)
+    assert "cannot follow the frame rate" in _refusal(back, "/dec/ups.1/ConvTranspose", through_a_transpose)

@@ -1,8 +1,9 @@
 """Build a voice bundle from a Piper voice: python -m tools.build_voice [--onnx M --config C] [--out DIR]
 
-Cuts the graph into front and back, optimizes both offline (so the daemon loads them as they are
-and onnxruntime maps their weights), quantizes them to int8, measures, and writes manifest.json with
-every file's sha256. The same input gives the same files.
+Cuts the graph into front and back (and back_fixed, the back with a frame mask, for the fixed-shape
+mode), optimizes them offline (so the daemon loads them as they are and onnxruntime maps their
+weights), quantizes them to int8, measures, and writes manifest.json with every file's sha256. The
+same input gives the same files.
 """
 
 from __future__ import annotations
@@ -113,33 +114,34 @@ def is_current(bundle_dir: Path, key: dict[str, str]) -> bool:
 
 
 def build(model_path: Path, config_path: Path, out_root: Path, version: str) -> Path:
-    progress = Progress(7)
+    progress = Progress(8)
     config = json.loads(config_path.read_text(encoding="utf-8"))
     facts = quantize.VoiceFacts.from_config(config)
     voice_id = model_path.name.removesuffix(".onnx")
     bundle_dir = out_root / voice_id
     staging = Path(tempfile.mkdtemp(prefix=f".{voice_id}-", dir=out_root))
     try:
-        progress.step(f"cutting {model_path.name} into front and back")
+        progress.step(f"cutting {model_path.name} into front, back and back_fixed")
         front, back = graphs.split_voice(onnx.load(str(model_path)))
+        cut = {"front": front, "back": back, "back_fixed": graphs.mask_padding(back)}
         files: list[str] = []
         graph_files: dict[str, dict[str, str]] = {"fp32": {}, "int8": {}}
         with tempfile.TemporaryDirectory() as raw_dir:
             raw = {}
-            for name, model in (("front", front), ("back", back)):
+            for name, model in cut.items():
                 progress.step(f"optimizing {name} (fp32)")
                 raw[name] = Path(raw_dir) / f"{name}.onnx"
                 graphs.save_mapped(model, raw[name])
                 target = staging / f"{name}.fp32.onnx"
                 files += optimize_offline(raw[name], target)
                 graph_files["fp32"][name] = target.name
-            progress.step("quantizing front and back to int8 (calibrated)")
+            progress.step("quantizing front, back and back_fixed to int8 (calibrated)")
             for name, written in quantize.build_int8(raw, facts, staging).items():
                 files += written
                 graph_files["int8"][name] = written[0]
         progress.step("measuring int8 against fp32")
         report = quantize_report.report(
-            {prec: {g: staging / f for g, f in names.items()} for prec, names in graph_files.items()},
+            {prec: {g: staging / names[g] for g in ("front", "back")} for prec, names in graph_files.items()},
             facts,
         )
         progress.step("writing manifest")

@@ -9,19 +9,31 @@ The flow is in the front (DESIGN.md puts it in the back): run on windows, it nee
 context each way where the decoder needs 12; and in int8, two overlapping flow runs do not give
 the same frames (a value near a rounding step falls either way), which was heard as clicks at
 window joins. Run once per piece, it is computed once and the windows join exactly.
+
+The fixed-shape mode runs the back at one input shape, so a piece shorter than it is padded; the
+`back_fixed` graph (`mask_padding`) takes a frame mask with which it zeroes the padding at the
+input of every convolution, as the unsplit decoder's own zero padding does at a sentence's end.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
+import onnx.numpy_helper
 from onnx.utils import Extractor
 
 FRONT_INPUTS = ["input", "input_lengths", "scales"]
 DECODER_INPUT = "/Mul_7_output_0"
 DECODER_FIRST_NODE = "/dec/conv_pre/Conv"
 AUDIO = "output"
+FRAME_MASK = "frame_mask"
+"""The back_fixed graph's second input (edged.engine.BACK_FIXED_INPUTS): 1 x 1 x frames, 1 for the
+frames of a window and 0 for its padding."""
+CONVS = ("Conv", "ConvTranspose")
+SAME_LENGTH = frozenset({"Add", "Div", "LeakyRelu", "Mul", "Sub", "Tanh"})
+"""Elementwise ops of the decoder: their output has the length of their input."""
 
 
 class CutError(Exception):
@@ -68,6 +80,105 @@ def _rename_tensors(model: onnx.ModelProto, names: dict[str, str]) -> None:
         node.output[:] = [names.get(n, n) for n in node.output]
     for value in list(graph.input) + list(graph.output):
         value.name = names.get(value.name, value.name)
+
+
+def mask_padding(back: onnx.ModelProto) -> onnx.ModelProto:
+    """The back graph with a FRAME_MASK input by which it zeroes, past a window's frames, the input
+    of every Conv and ConvTranspose, each at its layer's rate (samples per frame).
+
+    Padded with zero frames alone, the decoder is not exact: conv_pre's bias and every later layer
+    make the padding nonzero, where the unsplit decoder sees zeros at each conv (its own padding).
+    Rates are found by walking the graph from its input: a ConvTranspose multiplies its input's rate
+    by its stride, and the walk refuses (CutError) an op it cannot follow in front of a conv.
+    """
+    opset = next((o.version for o in back.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < 13:  # Unsqueeze takes its axes as an input from opset 13 on
+        raise CutError(f"the back graph's opset {opset} is older than 13")
+    rates = _rates(back.graph)
+    masked = onnx.ModelProto()
+    masked.CopyFrom(back)
+    graph = masked.graph
+    graph.input.append(onnx.helper.make_tensor_value_info(FRAME_MASK, onnx.TensorProto.FLOAT, [1, 1, "frames"]))
+    convs = [n for n in graph.node if n.op_type in CONVS]
+    if not convs:
+        raise CutError("the back graph has no convolutions: not a Piper decoder?")
+    nodes = _rate_masks(graph, {rates[conv.input[0]] for conv in convs})
+    masked_names: dict[str, str] = {}  # a tensor read by several convs is masked once
+    for node in graph.node:
+        if node.op_type in CONVS:
+            source = node.input[0]
+            if source not in masked_names:
+                masked_names[source] = f"{source}_masked"
+                nodes.append(onnx.helper.make_node("Mul", [source, _mask_name(rates[source])], [masked_names[source]],
+                                                   name=f"/mask/Mul_{len(masked_names)}"))
+            node.input[0] = masked_names[source]
+        nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    graph.name = "back_fixed"
+    return masked
+
+
+def _rates(graph: onnx.GraphProto) -> dict[str, int | None]:
+    """Samples per frame of every tensor computed from the decoder's input (None: not followed)."""
+    constants = {i.name for i in graph.initializer}
+    rates: dict[str, int | None] = {i.name: 1 for i in graph.input if i.name not in constants}
+    for node in graph.node:
+        found = [rates[t] for t in node.input if t in rates]
+        if not found:
+            continue  # computed from constants alone
+        rate = found[0] if None not in found and len(set(found)) == 1 else None
+        if node.op_type in CONVS:
+            if rates.get(node.input[0]) is None or len(found) != 1:
+                raise CutError(f"cannot follow the frame rate to {node.name}'s input: not a Piper decoder?")
+            rate *= _stride(node)
+        elif node.op_type not in SAME_LENGTH:
+            rate = None
+        rates.update((out, rate) for out in node.output)
+    return rates
+
+
+def _stride(node: onnx.NodeProto) -> int:
+    """How many samples of output a Conv or ConvTranspose makes of one of input: 1 or its stride.
+
+    CutError unless its output has exactly that many per input sample (lengths frames x rate)."""
+    a = {attr.name: onnx.helper.get_attribute_value(attr) for attr in node.attribute}
+    if (len(a.get("kernel_shape", [])) != 1 or a.get("auto_pad", b"NOTSET") != b"NOTSET"
+            or "output_shape" in a):
+        raise CutError(f"{node.name}: not a 1-D convolution with its kernel and pads given")
+    (kernel,), (dilation,) = a["kernel_shape"], a.get("dilations", [1])
+    (stride,), pads = a.get("strides", [1]), sum(a.get("pads", [0, 0]))
+    if node.op_type == "Conv":
+        keeps = stride == 1 and pads == dilation * (kernel - 1)
+    else:  # output (L - 1) * stride + dilation * (kernel - 1) + 1 + output_padding - pads = L * stride
+        keeps = dilation * (kernel - 1) + 1 + a.get("output_padding", [0])[0] - pads == stride
+    if not keeps:
+        raise CutError(f"{node.name}: its output is not its input's length times its stride")
+    return stride
+
+
+def _rate_masks(graph: onnx.GraphProto, rates: set[int]) -> list[onnx.NodeProto]:
+    """Nodes making the frame mask at each rate but 1: every frame's value repeated `rate` times
+    (Unsqueeze, Expand, Reshape: fixed shapes, ops an NPU compiler takes)."""
+    def const(name: str, values: list[int]) -> str:
+        graph.initializer.append(onnx.numpy_helper.from_array(np.array(values, dtype=np.int64), name))
+        return name
+
+    if rates == {1}:
+        return []
+    nodes = [onnx.helper.make_node("Unsqueeze", [FRAME_MASK, const("/mask/axes", [3])], ["/mask/frames"],
+                                   name="/mask/Unsqueeze")]
+    flat = const("/mask/flat", [1, 1, -1])
+    for rate in sorted(rates - {1}):
+        repeated = f"/mask/repeated_{rate}"
+        nodes += [onnx.helper.make_node("Expand", ["/mask/frames", const(f"/mask/repeat_{rate}", [1, 1, 1, rate])],
+                                        [repeated], name=f"/mask/Expand_{rate}"),
+                  onnx.helper.make_node("Reshape", [repeated, flat], [_mask_name(rate)], name=f"/mask/Reshape_{rate}")]
+    return nodes
+
+
+def _mask_name(rate: int) -> str:
+    return FRAME_MASK if rate == 1 else f"/mask/rate_{rate}"
 
 
 def save_mapped(model: onnx.ModelProto, path: Path) -> list[str]:

@@ -7,7 +7,7 @@ variants on the same graphs and prints a table of speed and quality against fp32
 
 Calibration: the front sees the phoneme ids of every calibration sentence at the voice's default
 scales; the back sees the latent frames the fp32 front makes of them, cut into windows as the
-engine cuts them. The front's noise comes from RandomNormalLike nodes: the copy that is calibrated
+engine cuts them, and so does back_fixed, with a frame mask of ones (the same ranges as the back's). The front's noise comes from RandomNormalLike nodes: the copy that is calibrated
 gets a fixed seed (removed again from the result), so the same input always builds the same files.
 """
 
@@ -97,6 +97,7 @@ CHOSEN = {
     # 3.8 dB): they stay fp32. Entropy ranges: 1.8 -> 1.5 dB.
     "back": Variant(keep_fp32=LAST_STAGE, method="Entropy"),
 }
+CHOSEN["back_fixed"] = CHOSEN["back"]  # the same decoder, with its padding masked
 """Picked with `python -m tools.quantize --sweep`; its table is tools/quantize_sweep.json."""
 
 
@@ -153,17 +154,18 @@ def seeded(model: onnx.ModelProto, seed: float | None) -> onnx.ModelProto:
 
 
 def calibration_feeds(front: onnx.ModelProto, facts: VoiceFacts) -> dict[str, list[dict]]:
-    """Inputs for calibrating each graph: {"front": [...], "back": [...]}."""
+    """Inputs for calibrating each graph: {"front": [...], "back": [...], "back_fixed": [...]}."""
     feeds = [front_feed(ids, facts.scales()) for text in calibration_sentences() for ids in facts.ids(text)]
     session = ort.InferenceSession(seeded(front, NOISE_SEED).SerializeToString(),
                                    providers=["CPUExecutionProvider"])
-    streaming, back = facts.streaming, []
+    streaming, back, back_fixed = facts.streaming, [], []
     for feed in feeds:
         (latents,) = session.run(None, feed)
         for w in growing_windows(latents.shape[2], streaming.first_window, streaming.max_window,
                                  streaming.context):
             back.append(back_feed(latents, w))
-    return {"front": feeds, "back": back}
+            back_fixed.append(back_feed(latents, w, masked=True))
+    return {"front": feeds, "back": back, "back_fixed": back_fixed}
 
 
 class _Feeds(CalibrationDataReader):
@@ -235,12 +237,12 @@ def _quiet() -> Iterator[None]:
 
 def build_int8(raw: dict[str, Path], facts: VoiceFacts, out_dir: Path,
                variants: dict[str, Variant] = CHOSEN) -> dict[str, list[str]]:
-    """Write front.int8.onnx and back.int8.onnx (+ .data) into out_dir from the plain fp32 graphs
-    `raw["front"|"back"]`; returns the files written per graph."""
+    """Write <graph>.int8.onnx (+ .data) into out_dir for each plain fp32 graph `raw[graph]`
+    ("front", "back", "back_fixed"); returns the files written per graph."""
     models = {name: onnx.load(str(path)) for name, path in raw.items()}
     feeds = calibration_feeds(models["front"], facts)
-    return {name: quantize_graph(models[name], feeds[name], variants[name], out_dir / f"{name}.int8.onnx")
-            for name in ("front", "back")}
+    return {name: quantize_graph(model, feeds[name], variants[name], out_dir / f"{name}.int8.onnx")
+            for name, model in models.items()}
 
 
 # -- comparing audio -------------------------------------------------------------------------
