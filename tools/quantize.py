@@ -7,8 +7,9 @@ variants on the same graphs and prints a table of speed and quality against fp32
 
 Calibration: the front sees the phoneme ids of every calibration sentence at the voice's default
 scales; the back sees the latent frames the fp32 front makes of them, cut into windows as the
-engine cuts them, and so does back_fixed, with a frame mask of ones (the same ranges as the back's). The front's noise comes from RandomNormalLike nodes: the copy that is calibrated
-gets a fixed seed (removed again from the result), so the same input always builds the same files.
+engine cuts them, and so does back_fixed, with a frame mask of ones (the same ranges as the
+back's). The front's noise comes from RandomNormalLike nodes: the copy that is calibrated gets a
+fixed seed (removed again from the result), so the same input always builds the same files.
 """
 
 from __future__ import annotations
@@ -97,8 +98,8 @@ CHOSEN = {
     # 3.8 dB): they stay fp32. Entropy ranges: 1.8 -> 1.5 dB.
     "back": Variant(keep_fp32=LAST_STAGE, method="Entropy"),
 }
-CHOSEN["back_fixed"] = CHOSEN["back"]  # the same decoder, with its padding masked
 """Picked with `python -m tools.quantize --sweep`; its table is tools/quantize_sweep.json."""
+CHOSEN["back_fixed"] = CHOSEN["back"]  # the same decoder, with its padding masked
 
 
 @dataclass(frozen=True)
