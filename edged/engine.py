@@ -40,6 +40,7 @@ FRONT_INPUTS = ("input", "input_lengths", "scales")
 BACK_INPUTS = ("latents",)
 """The back graph's input (see back_feed)."""
 FRAME_MASK = "frame_mask"
+"""1 x 1 x frames: 1 for the frames of a window, 0 for its padding (see back_feed)."""
 BACK_FIXED_INPUTS = ("latents", FRAME_MASK)
 """The inputs of the back graph of the fixed-shape mode, back_fixed (see back_feed)."""
 
@@ -73,7 +74,8 @@ class EngineSettings:
     pieces: PieceLimits = field(default_factory=PieceLimits)
     sessions: SessionSettings = field(default_factory=SessionSettings)
     verify: bool = True
-    """Check every graph file's sha256 against the manifest before loading it."""
+    """Check the sha256 of the files this voice opens (the front, and the back or back_fixed, with
+    their weights) against the manifest before using them."""
 
 
 @dataclass
@@ -173,7 +175,7 @@ class Voice:
                                produced=produced)
 
     def decode_float(self, latents: Latents, window: Window, run_options: RunOptions | None = None) -> np.ndarray:
-        """Audio samples in [-1, 1] for the frames the window keeps."""
+        """Audio samples for the frames the window keeps (about [-1, 1]; to_pcm16 clips)."""
         feed = back_feed(latents.frames, window, masked=self.settings.fixed_shape)
         audio = self._run(self._back, "back", feed, run_options)[0].reshape(-1)
         hop, start = self.manifest.hop_length, window.in_start

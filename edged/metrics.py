@@ -185,6 +185,7 @@ def _cache_metrics(c: dict[str, Any]) -> Iterator[Any]:
     for name, value, doc in (
         ("edged_cache_disk_writes_skipped", c["disk_store_skipped"], "Disk writes skipped (queue full, disk paused)."),
         ("edged_cache_corrupt_dropped", c["disk_corrupt_dropped"], "Disk entries dropped as corrupt."),
+        ("edged_cache_disk_recoveries", c["disk_recoveries"], "Corrupted cache databases moved aside and rebuilt."),
         ("edged_cache_joined", c["joined"], "Requests that joined an identical synthesis under way."),
         ("edged_cache_stale_dropped", c["stale_dropped"], "Entries dropped as expired or invalidated."),
         ("edged_cache_not_stored", c["not_stored"], "Finished syntheses not stored (too long, invalidated)."),

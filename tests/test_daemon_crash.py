@@ -91,6 +91,7 @@ def test_corrupted_cache_database_is_moved_aside_at_start(tmp_path: Path, bundle
         assert first.headers["x-edged-cache"] == "miss"
         cache = _flushed(daemon)
         assert cache["disk_state"] == "ok" and cache["disk_recoveries"] == 1, cache
+        assert "edged_cache_disk_recoveries_total 1.0" in daemon.get("/metrics").body.decode()  # both say so
         again = _synth(daemon, "Served over a corrupted cache.")  # the rebuilt database stores
         assert again.headers["x-edged-cache"] == "hit" and again.body == first.body
         aside = [p for p in (daemon.cache_dir / "corrupt").glob("cache.db.*") if not p.name.endswith(("-wal", "-shm"))]

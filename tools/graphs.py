@@ -1,14 +1,15 @@
-"""Cutting a Piper (VITS) graph into a front and a back graph, and saving graphs for mapping.
+"""Cutting a Piper (VITS) graph into a front and a back graph (and the back_fixed variant), and
+saving graphs for mapping.
 
 The cut is at the decoder's input, `/Mul_7_output_0`: the flow's output times the frame mask
 (1 x 192 x frames). Everything before it is the front (text encoder, duration predictor,
 alignment expansion, noise, and the flow), run once per piece; everything after it is the back
 (the HiFi-GAN decoder), which only ever sees frames, so it can run on windows of them.
 
-The flow is in the front (DESIGN.md puts it in the back): run on windows, it needed ~32 frames of
-context each way where the decoder needs 12; and in int8, two overlapping flow runs do not give
-the same frames (a value near a rounding step falls either way), which was heard as clicks at
-window joins. Run once per piece, it is computed once and the windows join exactly.
+The flow is in the front (the first design put it in the back): run on windows, it needed ~32 frames
+of context each way where the decoder needs 12; and in int8, two overlapping flow runs do not give
+the same frames (a value near a rounding step falls either way), which was heard as clicks at window
+joins. Run once per piece, it is computed once and the windows join exactly.
 
 The fixed-shape mode runs the back at one input shape, so a piece shorter than it is padded; the
 `back_fixed` graph (`mask_padding`) takes a frame mask with which it zeroes the padding at the
@@ -24,13 +25,11 @@ import onnx
 import onnx.numpy_helper
 from onnx.utils import Extractor
 
-FRONT_INPUTS = ["input", "input_lengths", "scales"]
+from edged.engine import BACK_INPUTS, FRAME_MASK, FRONT_INPUTS
+
 DECODER_INPUT = "/Mul_7_output_0"
 DECODER_FIRST_NODE = "/dec/conv_pre/Conv"
 AUDIO = "output"
-FRAME_MASK = "frame_mask"
-"""The back_fixed graph's second input (edged.engine.BACK_FIXED_INPUTS): 1 x 1 x frames, 1 for the
-frames of a window and 0 for its padding."""
 CONVS = ("Conv", "ConvTranspose")
 SAME_LENGTH = frozenset({"Add", "Div", "LeakyRelu", "Mul", "Sub", "Tanh"})
 """Elementwise ops of the decoder: their output has the length of their input."""
@@ -53,12 +52,13 @@ def split_voice(model: onnx.ModelProto) -> tuple[onnx.ModelProto, onnx.ModelProt
         # Exports by newer torch carry no shapes of inner tensors, which the extractor needs.
         model = onnx.shape_inference.infer_shapes(model)
     extractor = Extractor(model)
-    front = extractor.extract_model(FRONT_INPUTS, [DECODER_INPUT])
+    front = extractor.extract_model(list(FRONT_INPUTS), [DECODER_INPUT])
     back = extractor.extract_model([DECODER_INPUT], [AUDIO])
     _check_closed(back, "back")
     _check_closed(front, "front")
-    _rename_tensors(front, {DECODER_INPUT: "latents"})
-    _rename_tensors(back, {DECODER_INPUT: "latents", AUDIO: "audio"})
+    (latents,) = BACK_INPUTS
+    _rename_tensors(front, {DECODER_INPUT: latents})
+    _rename_tensors(back, {DECODER_INPUT: latents, AUDIO: "audio"})
     front.graph.name, back.graph.name = "front", "back"
     return front, back
 

@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 
 EvictionPolicy = Literal["least-recently-stored", "least-recently-used"]
 DiskState = Literal["ok", "paused", "off"]
+RAISE_GENERATION = ("INSERT INTO edged_generations VALUES (?, ?) ON CONFLICT(scope)"
+                    " DO UPDATE SET gen = max(gen, excluded.gen)")
+"""Store a scope's invalidation counter, never lowering it."""
 
 
 @dataclass
@@ -175,8 +178,7 @@ class DiskStore:
             self._generations.merge(stored)
             # After a rebuild the table is empty: carry over what this process knows.
             known = self._generations.items()
-            db.executemany("INSERT INTO edged_generations VALUES (?, ?) ON CONFLICT(scope)"
-                           " DO UPDATE SET gen = max(gen, excluded.gen)", known)
+            db.executemany(RAISE_GENERATION, known)
             self._generations.saved(known)
             self.volume, self.count = cache.volume(), len(cache)
             self._db_file = self._db_identity()
@@ -451,8 +453,7 @@ class DiskStore:
             return False
         try:
             with self._db_lock:
-                self._db.execute("INSERT INTO edged_generations VALUES (?, ?) ON CONFLICT(scope)"
-                                 " DO UPDATE SET gen = max(gen, excluded.gen)", (scope, value))
+                self._db.execute(RAISE_GENERATION, (scope, value))
                 if scope == ALL:  # the other counters start again (Generations.bump); only once
                     # ALL is stored: the other way round, a crash between would revive old entries
                     self._db.execute("DELETE FROM edged_generations WHERE scope != ?", (ALL,))
