@@ -21,7 +21,7 @@ Header = tuple[bytes, bytes]
 
 
 class ClientGone(Exception):
-    """The client disconnected before its request was fully read."""
+    """The client went away: before its request was read, or while its answer streamed."""
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:

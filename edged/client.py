@@ -364,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     voices.add_argument("--json", action="store_true", help="the raw /v1/voices JSON")
     voices.set_defaults(run=_voices)
 
-    cache = commands.add_parser("cache", help="clear or warm the daemon's audio cache (root or admin group)")
+    cache = commands.add_parser("cache", help="clear or warm the daemon's audio cache (root, the daemon's user or admin group)")
     cache_commands = cache.add_subparsers(dest="cache_command", required=True)
     clear = cache_commands.add_parser("clear", help="drop cached audio: of a voice, a version, a tag, or all")
     clear.add_argument("--voice", help="only this voice id's audio")

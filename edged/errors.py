@@ -135,7 +135,8 @@ class AlreadyRunning(EdgedError):
 
 
 class Forbidden(EdgedError):
-    """An administrative call from a peer that is neither root nor in the admin group."""
+    """An administrative call from a peer that is neither root, the daemon's own user, nor in the
+    admin group."""
 
     code = "forbidden"
     http_status = 403

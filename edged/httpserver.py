@@ -3,7 +3,7 @@
 uvicorn is used for its HTTP/1.1 protocol and flow control only; the server loop, signals and
 shutdown are edged's own (uvicorn's Server polls every 0.1 s and re-raises the signal at exit,
 which would make SIGTERM exit non-zero). Import cost, measured here: uvicorn ~90 ms against
-~200 ms for aiohttp.web, which is why the issue's aiohttp was not used.
+~200 ms for aiohttp.web, which is why aiohttp, the suggested server, was not used.
 """
 
 from __future__ import annotations

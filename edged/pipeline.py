@@ -39,7 +39,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class SynthesisRequest:
-    """Everything that decides the audio bytes (and so, later, the cache key)."""
+    """Everything that decides the audio bytes, and how they are sent (format, sample rate)."""
 
     text: str
     voice_id: str

@@ -80,7 +80,8 @@ class VoiceRegistry:
             2, thread_name_prefix="edged-load", initializer=lower_thread_priority, initargs=(compute_nice,))
 
     def info(self, voice_id: str) -> VoiceInfo:
-        """Id, version and sample rate of an installed voice; UnknownVoice if there is none."""
+        """What is known of an installed voice without loading it (id, version, sample rate,
+        precision, digest); UnknownVoice if there is none, BundleError if its bundle is invalid."""
         info = self._loaded_infos.get(voice_id) or self._infos.get(voice_id)
         if info is not None:
             return info

@@ -57,9 +57,9 @@ def growing_windows(
 def fixed_windows(n_frames: int, window: int, context: int) -> list[Window]:
     """Windows whose input is always `window + 2 * context` frames, the form an NPU compiler needs.
 
-    Where a sentence edge leaves no context, the input slides inward instead of padding; only a
-    sentence shorter than the input shape is padded at its end, and the back_fixed graph masks
-    that padding at every layer, so that the audio is the unsplit decoder's.
+    Where a piece's edge leaves no context, the input slides inward instead of padding; only a
+    piece shorter than the input shape is padded at its end, and the back_fixed graph masks that
+    padding at every layer, so that the audio is the unsplit decoder's.
     """
     shape = window + 2 * context
     if n_frames <= shape:

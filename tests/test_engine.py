@@ -173,7 +173,8 @@ def test_missing_file_and_bad_manifest_are_refused(bundle_dir: Path, tmp_path: P
 
 
 def test_bundle_of_an_older_format_is_refused_with_the_way_out(bundle_dir: Path, tmp_path: Path) -> None:
-    # A format 1 or 2 back graph holds the flow too: this engine would give it frames after the flow.
+    # A format 1 or 2 back graph holds the flow too: this engine would give it frames after the flow;
+    # format 3 has no back_fixed graphs.
     copy = _copy_bundle(bundle_dir, tmp_path / "bundle")
     manifest = json.loads((copy / "manifest.json").read_text(encoding="utf-8"))
     manifest["format"] = 2

@@ -7,7 +7,7 @@
   of time to first audio and of the whole answer (target p99 <= 5 ms);
 - load: tools.loadgen's Zipf workload against a cache warmed with its phrases (target >= 800
   requests/s with p99 <= 50 ms);
-- zipf: the issue's workload: 10,000 generated phrases, 80% of the requests on the most frequent
+- zipf: the target workload: 10,000 generated phrases, 80% of the requests on the most frequent
   20% of them (tools.loadgen --hot 0.2:0.8), cache warm. Filling the cache means synthesizing all
   10,000 once (about 1.4 GB of audio, 20-30 minutes here); --cache-dir keeps that cache for the
   next run. Unless --config is given, the disk tier is raised to 2 GiB to hold them.

@@ -1,5 +1,5 @@
-"""Quality of a voice bundle: python -m tools.eval_quality [--quick] [--bundle DIR] [--zero-noise]
-[--renditions N]
+"""Quality of a voice bundle: python -m tools.eval_quality [--quick] [--bundle DIR] [--onnx MODEL]
+[--zero-noise] [--renditions N] [--asr-float32]
 
 Four checks, JSON on stdout and a readable summary on stderr:
 

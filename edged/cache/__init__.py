@@ -1,4 +1,4 @@
-"""Persistent two-tier audio cache (design point 5): memory LRU in front of a diskcache tier,
+"""Persistent two-tier audio cache: memory LRU in front of a diskcache tier,
 singleflight for identical concurrent requests, invalidation by voice, version and tag.
 
 Names are imported on first use (PEP 562): the daemon's config embeds `CacheSettings` and must not

@@ -28,7 +28,8 @@ def normalize_text(text: str) -> str:
 
 @dataclass(frozen=True)
 class CacheKey:
-    """What makes two requests give the same audio. Build with `CacheKey.make` (normalizes)."""
+    """What makes two requests give the same audio. Its text must be `normalize_text`-ed already;
+    `CacheKey.make` does that."""
 
     text: str
     """Normalized text (`normalize_text`)."""

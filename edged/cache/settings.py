@@ -50,7 +50,8 @@ class CacheSettings:
     write_retry_seconds: float = 60.0
     """After a failed disk write (disk full, read-only), disk writes pause this long."""
     disk_timeout_seconds: float = 5.0
-    """SQLite busy timeout of the disk tier."""
+    """SQLite busy timeout of the disk tier, and the longest a disk read may take before its request
+    is answered as a miss (a stalled disk does not hold requests up)."""
 
     def __post_init__(self) -> None:
         if self.chunk_bytes <= 0:
