@@ -25,7 +25,7 @@ MAX_MANIFEST_BYTES = 1 << 20
 """A built manifest is ~11 kB; status calls read the manifests of voices not loaded."""
 FORMAT_VERSION = 4
 """4: each precision also has a back_fixed graph, the back with a frame mask for the fixed-shape
-mode (3: the flow is in the front graph, the back is the decoder alone; 2: the back held the flow
+mode, which may read the back's weight file (`weights`) (3: the flow is in the front graph, the back is the decoder alone; 2: the back held the flow
 and had a `trim` input; 1: its decoder decoded all of the flow's context)."""
 GRAPH_ROLES = ("front", "back", "back_fixed")
 """The graphs of each precision: back_fixed is the back with a `frame_mask` input, which the
@@ -93,6 +93,9 @@ class Manifest:
     """Quality and speed figures measured by the builder."""
     build: dict[str, str] = field(default_factory=dict)
     """What the bundle was built from: digests of the source voice and of the builder's code."""
+    weights: dict[str, str] = field(default_factory=dict)
+    """graph file -> the file its weights are in, where that is not `<graph>.data`: back_fixed
+    reads the back's (the same weights; the builder shares them only where they are identical)."""
 
     def __post_init__(self) -> None:
         """Types and ranges of what the engine uses: a damaged or hand-edited manifest is refused
@@ -125,12 +128,20 @@ class Manifest:
             "files must map plain file names of the bundle to their sha256 and size")
         _require(isinstance(self.graphs, dict) and self.graphs and all(
             precision in ("fp32", "int8") and isinstance(roles, dict) and set(roles) == set(GRAPH_ROLES)
-            and all(isinstance(g, str) and g in self.files and g + ".data" in self.files for g in roles.values())
+            and all(isinstance(g, str) and g in self.files for g in roles.values())
             for precision, roles in self.graphs.items()),
-            "graphs must name, for fp32 and/or int8, a front, a back and a back_fixed graph listed in files "
-            "with their .data")
+            "graphs must name, for fp32 and/or int8, a front, a back and a back_fixed graph listed in files")
+        _require(isinstance(self.weights, dict) and all(
+            isinstance(graph, str) and isinstance(data, str) for graph, data in self.weights.items()),
+            "weights must map graph files to weight files")
+        _require(all(self.weights_file(g) in self.files for roles in self.graphs.values() for g in roles.values()),
+                 "graphs must have their weight files listed in files")
         _require(isinstance(self.default_precision, str) and self.default_precision in self.graphs,
                  "default_precision must be one of the bundle's graphs")
+
+    def weights_file(self, graph: str) -> str:
+        """The external-data file holding a graph's weights."""
+        return self.weights.get(graph, graph + ".data")
 
     @functools.cached_property
     def audio_digest(self) -> str:

@@ -109,8 +109,8 @@ class Voice:
             # 2 cores. A mismatch still refuses the voice: the sessions are then thrown away.
             verify_files(bundle_dir, manifest, graph_files)
         with ThreadPoolExecutor(3, thread_name_prefix="edged-voice") as pool:
-            checked = pool.submit(verify_files, bundle_dir, manifest, _data_files(graph_files)
-                                  if settings.verify else [])
+            weights = [manifest.weights_file(g) for g in graph_files] if settings.verify else []
+            checked = pool.submit(verify_files, bundle_dir, manifest, weights)
             front, back = (pool.submit(open_session, bundle_dir / name, settings.sessions) for name in graph_files)
             checked.result()
             self._front, front_provider = front.result()
@@ -243,11 +243,6 @@ def to_pcm16(audio: np.ndarray) -> bytes:
 
 def _default(value: float | None, default: float) -> float:
     return default if value is None else value
-
-
-def _data_files(graph_files: list[str]) -> list[str]:
-    """The external-data (weights) files of these graph files (the manifest lists each one)."""
-    return [graph + ".data" for graph in graph_files]
 
 
 def _expect_graph(session: InferenceSession, inputs: tuple[str, ...], path: Path) -> None:

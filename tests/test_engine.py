@@ -151,6 +151,21 @@ def test_tampered_weights_are_refused_at_load(bundle_dir: Path, tmp_path: Path) 
         Voice.load(copy, EngineSettings(precision="int8"))
 
 
+def test_the_fixed_shape_mode_checks_the_weights_it_shares_with_the_back(bundle_dir: Path, tmp_path: Path) -> None:
+    # back_fixed has no weight file of its own: the back's (the same weights) is what it reads.
+    manifest = read_manifest(bundle_dir)
+    fixed = manifest.graphs["fp32"]["back_fixed"]
+    assert manifest.weights_file(fixed) == manifest.graphs["fp32"]["back"] + ".data"
+    assert not (bundle_dir / (fixed + ".data")).exists()
+    copy = _copy_bundle(bundle_dir, tmp_path / "bundle")
+    weights = copy / manifest.weights_file(fixed)
+    _replace_with_copy(weights)
+    with weights.open("r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(BundleError, match="back.fp32.onnx.data has the wrong size"):
+        Voice.load(copy, EngineSettings(precision="fp32", fixed_shape=True))
+
+
 def test_truncated_weights_are_refused_at_load(bundle_dir: Path, tmp_path: Path) -> None:
     copy = _copy_bundle(bundle_dir, tmp_path / "bundle")
     weights = copy / (read_manifest(bundle_dir).graphs["fp32"]["front"] + ".data")
@@ -199,7 +214,10 @@ MANIFEST_DAMAGE = {
     "graph outside the bundle": (lambda m: m["graphs"]["int8"].update(front="/etc/passwd"), "graphs must name"),
     "graph without back": (lambda m: m["graphs"]["int8"].pop("back"), "graphs must name"),
     "graph without back_fixed": (lambda m: m["graphs"]["fp32"].pop("back_fixed"), "graphs must name"),
-    "data file not listed": (lambda m: m["files"].pop("back.int8.onnx.data"), "graphs must name"),
+    "data file not listed": (lambda m: m["files"].pop("back.int8.onnx.data"), "weight files listed"),
+    "shared weights not listed": (lambda m: m["weights"].update({"back_fixed.int8.onnx": "elsewhere.data"}),
+                                  "weight files listed"),
+    "weights as a list": (lambda m: m.update(weights=["back.int8.onnx.data"]), "weights must map"),
     "inference without scales": (lambda m: m.update(inference={}), "inference must hold"),
     # noise_w 10 stretched a sentence past the box's memory: the killer ended the process.
     "noise_w past a request's": (lambda m: m["inference"].update(noise_w=10), "noise_w between 0 and 2"),

@@ -76,3 +76,25 @@ def test_a_back_graph_whose_rates_cannot_be_followed_is_refused(source: onnx.Mod
 
     assert "not its input's length" in _refusal(back, "/dec/conv_pre/Conv", shorter)
     assert "cannot follow the frame rate" in _refusal(back, "/dec/ups.1/ConvTranspose", through_a_transpose)
+
+
+def test_weights_are_shared_only_where_they_are_the_same(source: onnx.ModelProto, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import numpy as np
+    import onnxruntime as ort
+
+    _, back = graphs.split_voice(source)
+    saved = {name: tmp_path / f"{name}.onnx" for name in ("back", "same", "other")}
+    changed = _copy(back)  # (saving moves a model's weights out of it: each save gets a copy)
+    graphs.save_mapped(_copy(back), saved["back"])
+    graphs.save_mapped(_copy(back), saved["same"])
+    weight = next(t for t in changed.graph.initializer if t.dims and np.prod(t.dims) > 1024)
+    weight.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(weight) * 2, weight.name))
+    graphs.save_mapped(changed, saved["other"])
+    assert not graphs.share_weights(saved["other"], saved["back"])  # other bytes: kept apart
+    assert (tmp_path / "other.onnx.data").exists()
+    assert graphs.share_weights(saved["same"], saved["back"])
+    assert not (tmp_path / "same.onnx.data").exists()
+    latents = np.random.default_rng(0).standard_normal((1, 192, 20), dtype=np.float32)
+    audio = [ort.InferenceSession(str(saved[name]), providers=["CPUExecutionProvider"]).run(None, {"latents": latents})[0]
+             for name in ("back", "same")]
+    assert np.array_equal(*audio)  # it reads the back's file, and the same weights

@@ -139,6 +139,12 @@ def build(model_path: Path, config_path: Path, out_root: Path, version: str) -> 
             for name, written in quantize.build_int8(raw, facts, staging).items():
                 files += written
                 graph_files["int8"][name] = written[0]
+        weights: dict[str, str] = {}
+        for names in graph_files.values():  # back_fixed is the back with a mask: the same weights
+            fixed, back = names["back_fixed"], names["back"]
+            if graphs.share_weights(staging / fixed, staging / back):
+                files.remove(fixed + ".data")
+                weights[fixed] = back + ".data"
         progress.step("measuring int8 against fp32")
         report = quantize_report.report(
             {prec: {g: staging / names[g] for g in ("front", "back")} for prec, names in graph_files.items()},
@@ -155,6 +161,7 @@ def build(model_path: Path, config_path: Path, out_root: Path, version: str) -> 
             inference=facts.inference,
             graphs=graph_files,
             files={name: file_digest(staging / name) for name in sorted(files)},
+            weights=weights,
             streaming=Streaming(),
             default_precision=report["int8"]["default_precision"],
             report=report,

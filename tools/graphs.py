@@ -181,6 +181,37 @@ def _mask_name(rate: int) -> str:
     return FRAME_MASK if rate == 1 else f"/mask/rate_{rate}"
 
 
+def share_weights(graph: Path, other: Path) -> bool:
+    """Make `graph` read its weights from `other`'s data file, and delete its own, if both data
+    files are the same bytes and each weight of `graph` lies where `other` has it (back_fixed and
+    back: the same weights, saved alike). False, and nothing changed, otherwise."""
+    own_data, other_data = graph.with_name(graph.name + ".data"), other.with_name(other.name + ".data")
+    if own_data.read_bytes() != other_data.read_bytes():
+        return False
+    model, reference = (onnx.load(str(path), load_external_data=False) for path in (graph, other))
+
+    def spot(tensor: onnx.TensorProto) -> dict[str, str]:  # offset and length in its file
+        return {k: v for k, v in _placement(tensor).items() if k != "location"}
+
+    theirs = {t.name: spot(t) for t in reference.graph.initializer
+              if _placement(t).get("location") == other_data.name}
+    external = [t for t in model.graph.initializer if _placement(t)]
+    if any(theirs.get(t.name) != spot(t) for t in external):
+        return False
+    for tensor in external:
+        next(e for e in tensor.external_data if e.key == "location").value = other_data.name
+    graph.write_bytes(model.SerializeToString())
+    own_data.unlink()
+    return True
+
+
+def _placement(tensor: onnx.TensorProto) -> dict[str, str]:
+    """Where an initializer's bytes are (location, offset, length); {} if they are in the graph."""
+    if tensor.data_location != onnx.TensorProto.EXTERNAL:
+        return {}
+    return {entry.key: entry.value for entry in tensor.external_data}
+
+
 def save_mapped(model: onnx.ModelProto, path: Path) -> list[str]:
     """Save with every weight in one external-data file beside the graph, so onnxruntime maps it.
 
