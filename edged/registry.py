@@ -61,8 +61,9 @@ class VoiceRegistry:
         for directory in self.search[:len(settings.search_path)]:
             if not directory.is_dir():
                 log.warning("voices.search_path entry %s is not a directory; no voices there", directory)
-        self._infos: dict[str, VoiceInfo] = {}
-        """Facts read from the manifests of voices not loaded (yet)."""
+        self._infos: dict[str, tuple[tuple[object, ...], VoiceInfo]] = {}
+        """Facts read from the manifests of voices not loaded (yet), with each manifest's identity
+        then: a bundle replaced, moved or removed before its first use is read again."""
         self._loaded_infos: dict[str, VoiceInfo] = {}
         """Facts of the bundles loaded: final (a voice is loaded once)."""
         self._warned_hidden: set[str] = set()
@@ -82,7 +83,7 @@ class VoiceRegistry:
     def info(self, voice_id: str) -> VoiceInfo:
         """What is known of an installed voice without loading it (id, version, sample rate,
         precision, digest); UnknownVoice if there is none, BundleError if its bundle is invalid."""
-        info = self._loaded_infos.get(voice_id) or self._infos.get(voice_id)
+        info = self._loaded_infos.get(voice_id)
         if info is not None:
             return info
         if not VOICE_ID.fullmatch(voice_id):
@@ -91,12 +92,15 @@ class VoiceRegistry:
         if not found:
             raise UnknownVoice(f"unknown voice {voice_id!r}: no bundle with that id is installed")
         bundle = found[0]  # the first in the search path
+        identity = _identity(bundle / MANIFEST_NAME)
+        known = self._infos.get(voice_id)
+        if known is not None and identity is not None and known[0] == identity:
+            return known[1]
         hidden = [other for other in found[1:] if other.resolve() != bundle.resolve()]
         if hidden and voice_id not in self._warned_hidden:  # once: status calls ask again and again
             self._warned_hidden.add(voice_id)
             log.warning("voice %s: using %s; also found in %s, not used", voice_id, bundle,
                         ", ".join(map(str, hidden)))
-        identity = _identity(bundle / MANIFEST_NAME)
         refused = self._refused.get(voice_id)
         if refused is not None and refused[0] == identity:
             raise BundleError(refused[1])
@@ -107,7 +111,8 @@ class VoiceRegistry:
                 self._refused[voice_id] = (identity, str(exc))
             raise
         self._refused.pop(voice_id, None)
-        self._infos[voice_id] = info
+        if identity is not None:
+            self._infos[voice_id] = (identity, info)
         return info
 
     def _info_of(self, voice_id: str, bundle: Path, manifest: Manifest) -> VoiceInfo:

@@ -19,7 +19,7 @@ from edged import registry
 from edged.config import CacheConfig, Settings, VoiceSettings
 from edged.daemon import Daemon
 from edged.bundle import read_manifest
-from edged.errors import BundleError
+from edged.errors import BundleError, UnknownVoice
 from edged.registry import VoiceRegistry
 
 
@@ -220,3 +220,27 @@ def test_a_voice_whose_probe_failed_is_described_afresh(tmp_path: Path, bundle_d
         voices_registry.close()
 
     asyncio.run(scenario())
+
+
+def test_a_bundle_replaced_moved_or_removed_before_its_first_use_is_read_again(tmp_path: Path,
+                                                                               bundle_dir: Path) -> None:
+    # Once listed, a voice's facts were kept until its first load: /v1/voices went on showing the
+    # old version, and a request then met a 503 (replaced), or a 500 naming a directory that was
+    # gone (moved, removed) instead of the voice where it now is, or a 404.
+    first, second = tmp_path / "first", tmp_path / "second"
+    installed = install_as(first, bundle_dir, "xx_XX-updated")
+    voices_registry = VoiceRegistry(VoiceSettings(search_path=[str(first), str(second)], probe_text=""))
+    assert {v["id"]: v for v in voices_registry.describe()}["xx_XX-updated"]["version"] == "1.0.0"
+    update = install_as(tmp_path / "staging", bundle_dir, "xx_XX-updated")
+    manifest = json.loads((update / "manifest.json").read_text())
+    (update / "manifest.json").write_text(json.dumps({**manifest, "version": "2.0.0"}))
+    shutil.rmtree(installed)
+    update.rename(installed)  # a field update, by rename
+    assert {v["id"]: v for v in voices_registry.describe()}["xx_XX-updated"]["version"] == "2.0.0"
+    second.mkdir()
+    installed.rename(second / "xx_XX-updated")
+    assert voices_registry.info("xx_XX-updated").bundle_dir == second / "xx_XX-updated"
+    shutil.rmtree(second / "xx_XX-updated")
+    with pytest.raises(UnknownVoice):
+        voices_registry.info("xx_XX-updated")
+    voices_registry.close()
