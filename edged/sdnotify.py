@@ -28,6 +28,8 @@ WAITING_MAX = 32
 """Messages kept waiting at most; past it the oldest (a stale STATUS=) are dropped."""
 MIN_WATCHDOG_INTERVAL_S = 0.05
 """Pings no closer than this, whatever WATCHDOG_USEC says (1 µs would ping on every loop turn)."""
+USEC_INFINITY = 2**64 - 1
+"""systemd's "no limit" for a time in microseconds; it and anything past it is no interval."""
 
 
 class Notifier:
@@ -114,9 +116,9 @@ def start_watchdog(loop: asyncio.AbstractEventLoop, notify: Callable[[str], None
     """WATCHDOG=1 at half of systemd's interval, sent from the event loop (a stuck loop misses it).
     Returns the function that stops it."""
     usec = os.environ.get("WATCHDOG_USEC", "")
-    if (not (usec.isascii() and usec.isdigit()) or int(usec) == 0
+    if (not (usec.isascii() and usec.isdigit()) or not 0 < int(usec) < USEC_INFINITY
             or os.environ.get("WATCHDOG_PID", str(os.getpid())) != str(os.getpid())):
-        return lambda: None  # 0 or garbage means no watchdog, as for sd_watchdog_enabled()
+        return lambda: None  # 0, infinity or garbage means no watchdog, as for sd_watchdog_enabled()
     interval = max(int(usec) / 2e6, MIN_WATCHDOG_INTERVAL_S)
     timer: asyncio.TimerHandle | None = None
 

@@ -411,7 +411,8 @@ def test_a_second_stop_signal_cuts_the_drain_short(tmp_path: Path, bundle_dir: P
         assert "second stop signal" in daemon.log_text()
 
 
-@pytest.mark.parametrize("usec", ["0", "\u0663\u0663", "abc"])
+# 400 digits made int(usec) / 2e6 an OverflowError and the daemon a traceback at start.
+@pytest.mark.parametrize("usec", ["0", "\u0663\u0663", "abc", "9" * 400, str(2**64 - 1)])
 def test_a_zero_or_garbage_watchdog_interval_means_no_watchdog(tmp_path: Path, bundle_dir: Path, usec: str) -> None:
     notify_path = tmp_path / "notify.sock"
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
