@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator
 
@@ -13,7 +14,7 @@ from pipeline_helpers import Loaded, request_for, slot_held
 from edged.admission import Admission
 from edged.config import PipelineSettings, StageSettings
 from edged.engine import Voice
-from edged.errors import BadInput, Busy, StageTimeout
+from edged.errors import BadInput, Busy, NotReady, StageTimeout
 from edged.pipeline import Pipeline, Stage
 from edged.preemption import Background
 
@@ -149,6 +150,20 @@ def test_requests_planned_while_others_queue_are_decoded_for_throughput(voice: V
         assert len(alone) > 1 and len(alone[0]) == first_window_bytes
         # Nobody waits on a background synthesis's first audio either.
         assert len(await chunks(pipeline.synthesize_stream(request_for(voice, text), Background()))) == 1
+        pipeline.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_request_made_from_another_bundle_than_the_one_loaded_is_refused(voice: Voice) -> None:
+    # Its cache key was made from the facts of a bundle replaced before the voice loaded: the
+    # audio of the loaded one would be stored under the other's key.
+    async def scenario() -> None:
+        pipeline = Pipeline(PipelineSettings(), Loaded(voice))
+        stale = dataclasses.replace(request_for(voice, "Replaced."), voice_version="0.9.0")
+        with pytest.raises(NotReady, match="was replaced while this request was made"):
+            await anext(pipeline.synthesize_stream(stale))
+        assert pipeline.counts.windows == 0
         pipeline.close()
 
     asyncio.run(scenario())
