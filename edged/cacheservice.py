@@ -123,6 +123,7 @@ class CacheService:
             "scope": {"voice": voice, "version": version, "tag": tag, "all": result.everything},
             "memory_dropped": result.memory_dropped,
             "disk_dropped": result.disk_dropped,
+            "disk_swept": result.disk_swept,
             "persisted": result.persisted,
         }
 

@@ -238,10 +238,8 @@ def _cache_clear(args: argparse.Namespace) -> int:
     cleared_all = result.get("scope", {}).get("all")
     if scope and cleared_all:
         what += " (the daemon cleared everything: too many scopes were cleared one by one)"
-    # Only everything and a voice version are deleted from disk at once; other scopes' entries
-    # there are stale now and go when next read or evicted.
-    at_once = cleared_all or scope.keys() == {"voice", "version"}
-    on_disk = f"{result['disk_dropped']} deleted on disk" if at_once else "stale on disk (removed when next read)"
+    swept = result.get("disk_swept")
+    on_disk = f"{result['disk_dropped']} deleted on disk" if swept else "stale on disk (removed when next read)"
     print_report([f"cleared {what}: {result['memory_dropped']} in memory, {on_disk}"
                   + ("" if result.get("persisted", True) else " (not persisted: holds until restart)")])
     return 0

@@ -79,6 +79,7 @@ def test_delete_by_tag_and_by_voice_makes_the_next_request_a_miss(cached: Daemon
     assert _synth(cached, "Tagged one.").headers["x-edged-cache"] == "hit"
     dropped = cached.request("DELETE", "/v1/cache?tag=promo")
     assert dropped.status == 200 and dropped.json()["memory_dropped"] == 1
+    assert dropped.json()["disk_swept"] is False  # a tag's files cannot be found: stale until read
     assert _synth(cached, "Tagged one.").headers["x-edged-cache"] == "miss"
     assert _synth(cached, "Untagged one.").headers["x-edged-cache"] == "hit"  # another tag: kept
 

@@ -48,6 +48,9 @@ class Invalidation:
     memory_dropped: int
     disk_dropped: int
     """Entries deleted from disk now; others of the scope are skipped and dropped when read."""
+    disk_swept: bool
+    """The scope's entries on disk were looked for and deleted now (everything, or a voice's
+    version, whose files can be found); else they are stale there, dropped when read or evicted."""
     persisted: bool
     """False if the disk tier could not record it (then it holds only until restart)."""
     everything: bool = False
@@ -326,7 +329,7 @@ class AudioCache:
                 disk_dropped = await self._write(delete)
         if not persisted:
             self._generations.unsaved(scope)
-        return Invalidation(dropped, disk_dropped, persisted, everything=scope == gen.ALL)
+        return Invalidation(dropped, disk_dropped, delete is not None, persisted, everything=scope == gen.ALL)
 
     # -- metrics --------------------------------------------------------------------------------
 
