@@ -187,7 +187,7 @@ class App:
         service = self.daemon.cache
         if not self.settings.cache.enabled:
             raise NotFound("the audio cache is disabled in the configuration ([cache] enabled)")
-        if service is None or service.cache is None:
+        if service is None or service.audio is None:
             raise NotReady("the audio cache could not be opened (see the log)")
         return service
 

@@ -71,7 +71,8 @@ class CacheService:
         self.pipeline = pipeline
         self.registry = registry
         self.default_voice = default_voice
-        self.cache: AudioCache | None = None
+        self.audio: AudioCache | None = None
+        """The cache itself, once open (until then, or if it cannot be opened, None)."""
         self.warm = WarmProgress()
         self._phrases: collections.deque[Phrase] = collections.deque()
         self._queued_chars = 0
@@ -84,25 +85,25 @@ class CacheService:
         from .cache import AudioCache
 
         settings = dataclasses.replace(self.config, directory=self.config.resolved_directory())
-        self.cache = await AudioCache.open(settings)
+        self.audio = await AudioCache.open(settings)
         log.info("audio cache at %s (disk %s)", settings.directory,
-                 self.cache.disk.state if self.cache.disk is not None else "off")
+                 self.audio.disk.state if self.audio.disk is not None else "off")
 
     async def close(self) -> None:
         if self._warmer is not None:
             self._warmer.cancel()
             await asyncio.gather(self._warmer, return_exceptions=True)
-        if self.cache is not None:
-            cache, self.cache = self.cache, None
+        if self.audio is not None:
+            cache, self.audio = self.audio, None
             await cache.close()
 
     # -- the request path ----------------------------------------------------------------------
 
     async def stream(self, request: SynthesisRequest, tag: str | None = None) -> AudioStream:
         """The PCM of `request`: cached, joined to the same synthesis under way, or synthesized."""
-        assert self.cache is not None
+        assert self.audio is not None
         key = _key(request)
-        stream = await self.cache.stream(key, lambda: self.pipeline.synthesize_stream(request),
+        stream = await self.audio.stream(key, lambda: self.pipeline.synthesize_stream(request),
                                          sample_rate=request.sample_rate, tag=tag)
         warming = self._warming.get(key.digest)
         # Joined a warm-up's synthesis (not a live one made after it, under the same key): it waits
@@ -117,8 +118,8 @@ class CacheService:
     async def invalidate(self, voice: str | None, version: str | None, tag: str | None) -> dict[str, Any]:
         """Drop the entries with every name given (a voice, one version of it, a tag), or (nothing
         given) everything."""
-        assert self.cache is not None  # a version without a voice is refused by messages.cache_scope
-        result = await self.cache.invalidate(voice, version, tag)
+        assert self.audio is not None  # a version without a voice is refused by messages.cache_scope
+        result = await self.audio.invalidate(voice, version, tag)
         return {
             "scope": {"voice": voice, "version": version, "tag": tag, "all": result.everything},
             "memory_dropped": result.memory_dropped,
@@ -168,7 +169,7 @@ class CacheService:
     async def _warm_one(self, phrase: Phrase) -> None:
         from .cache import SynthesisCancelled  # loaded with the cache already
 
-        assert self.cache is not None
+        assert self.audio is not None
         if len(phrase.text) > self.max_text_chars:
             raise TextTooLong(f"phrase of {len(phrase.text)} characters, over the limit of {self.max_text_chars}")
         info = self.registry.info(phrase.voice or self.default_voice)
@@ -190,7 +191,7 @@ class CacheService:
 
         for _attempt in range(WARM_JOIN_ATTEMPTS):
             # Not counted: the hit ratio is the requests' (warm-up's own figures are in self.warm).
-            stream = await self.cache.stream(key, in_background, sample_rate=request.sample_rate,
+            stream = await self.audio.stream(key, in_background, sample_rate=request.sample_rate,
                                              counted=False)
             try:
                 audio = False
@@ -220,10 +221,10 @@ class CacheService:
 
     def describe(self) -> dict[str, Any]:
         """The "cache" block of /v1/status."""
-        if self.cache is None:
+        if self.audio is None:
             return {"enabled": self.config.enabled, "open": False}
-        stats = dataclasses.asdict(self.cache.stats())
-        return {"enabled": True, "open": True, "directory": str(self.cache.settings.directory),
+        stats = dataclasses.asdict(self.audio.stats())
+        return {"enabled": True, "open": True, "directory": str(self.audio.settings.directory),
                 **stats, "warm": dataclasses.asdict(self.warm)}
 
 

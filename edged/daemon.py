@@ -130,7 +130,7 @@ class Daemon:
         ("miss"; a request joining an identical synthesis under way counts as a miss here)."""
         if self.state in (State.DRAINING, State.STOPPED):
             raise NotReady(f"edged is {self.state.value.lower()}")
-        if self.cache is not None and self.cache.cache is not None:
+        if self.cache is not None and self.cache.audio is not None:
             stream = await self.cache.stream(request, tag)
             return ("hit" if stream.status == "hit" else "miss"), stream
         return "miss", self.pipeline.synthesize_stream(request)

@@ -151,7 +151,7 @@ class _DaemonCollector:
             for graph, provider in voice.providers.items():
                 providers.add_metric([voice_id, voice.manifest.version, voice.precision, graph, provider], 1.0)
         yield providers
-        if daemon.cache is not None and daemon.cache.cache is not None:
+        if daemon.cache is not None and daemon.cache.audio is not None:
             yield from _cache_metrics(daemon.cache.describe())
 
 
