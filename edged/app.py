@@ -318,13 +318,14 @@ def _require_plain_body(scope: Scope) -> None:
     """The parser undoes chunked framing and nothing else: a body sent gzipped would be read as
     if it were plain, and the client told its JSON is malformed (or, worse, that it was fine)."""
     for name, value in scope["headers"]:
-        codings = {c.strip().lower() for c in value.decode("latin-1").split(",")} - {""}
+        text = value.decode("latin-1")
+        codings = {c.strip().lower() for c in text.split(",")} - {""}
         if name == b"transfer-encoding" and codings - {"chunked"}:
-            raise CodingNotImplemented(f"transfer coding {value.decode('latin-1')[:100]!r} is not "
-                                       "implemented: send the body plain, or chunked")
+            raise CodingNotImplemented(f"transfer coding {text[:100]!r} is not implemented: send the "
+                                       "body plain, or chunked")
         if name == b"content-encoding" and codings - {"identity"}:
-            raise CompressedBody(f"content encoding {value.decode('latin-1')[:100]!r} is not "
-                                 "supported: send the body uncompressed")
+            raise CompressedBody(f"content encoding {text[:100]!r} is not supported: send the body "
+                                 "uncompressed")
 
 
 def _require_streaming(scope: Scope) -> None:

@@ -25,8 +25,9 @@ MAX_MANIFEST_BYTES = 1 << 20
 """A built manifest is ~11 kB; status calls read the manifests of voices not loaded."""
 FORMAT_VERSION = 4
 """4: each precision also has a back_fixed graph, the back with a frame mask for the fixed-shape
-mode, which may read the back's weight file (`weights`) (3: the flow is in the front graph, the back is the decoder alone; 2: the back held the flow
-and had a `trim` input; 1: its decoder decoded all of the flow's context)."""
+mode, which may read the back's weight file (`weights`). 3: the flow is in the front graph, the
+back is the decoder alone. 2: the back held the flow and had a `trim` input. 1: its decoder decoded
+all of the flow's context."""
 GRAPH_ROLES = ("front", "back", "back_fixed")
 """The graphs of each precision: back_fixed is the back with a `frame_mask` input, which the
 fixed-shape mode runs (it masks a short piece's padding at every layer)."""

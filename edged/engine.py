@@ -41,7 +41,7 @@ BACK_INPUTS = ("latents",)
 """The back graph's input (see back_feed)."""
 FRAME_MASK = "frame_mask"
 """1 x 1 x frames: 1 for the frames of a window, 0 for its padding (see back_feed)."""
-BACK_FIXED_INPUTS = ("latents", FRAME_MASK)
+BACK_FIXED_INPUTS = (*BACK_INPUTS, FRAME_MASK)
 """The inputs of the back graph of the fixed-shape mode, back_fixed (see back_feed)."""
 
 
@@ -101,7 +101,8 @@ class Voice:
             raise BundleError(f"{bundle_dir}: bundle has no {self.precision} graphs")
         started = time.perf_counter()
         start_espeak()  # its process starts while the graphs load
-        back_graph = "back_fixed" if settings.fixed_shape else "back"  # only the one used: memory
+        # Only the back graph this mode runs is opened: memory.
+        back_graph, back_inputs = ("back_fixed", BACK_FIXED_INPUTS) if settings.fixed_shape else ("back", BACK_INPUTS)
         graph_files = [graphs["front"], graphs[back_graph]]
         if settings.verify:
             # The graph files (small) are checked before onnxruntime parses them; their weights
@@ -116,8 +117,7 @@ class Voice:
             self._front, front_provider = front.result()
             self._back, back_provider = back.result()
         _expect_graph(self._front, FRONT_INPUTS, bundle_dir / graph_files[0])
-        _expect_graph(self._back, BACK_FIXED_INPUTS if settings.fixed_shape else BACK_INPUTS,
-                      bundle_dir / graph_files[1])
+        _expect_graph(self._back, back_inputs, bundle_dir / graph_files[1])
         self.providers = {"front": front_provider, "back": back_provider}
         self.load_ms = (time.perf_counter() - started) * 1000
         log.info("voice %s %s (%s) loaded in %.0f ms, providers %s", manifest.voice_id,

@@ -1,4 +1,5 @@
-"""Static int8 quantization of the front, back and back_fixed graphs, calibrated on tools/calibration.txt.
+"""Static int8 quantization of the front, back and back_fixed graphs, calibrated on
+tools/calibration.txt.
 
 tools.build_voice builds the chosen variant (`CHOSEN`) and records the figures of
 tools.quantize_report; `python -m tools.quantize --sweep` (tools.quantize_sweep) tries the other
