@@ -177,19 +177,21 @@ def _running_in_group(group: int) -> list[int]:
     return running
 
 
-def _ready_fork(espeak: EspeakProcess) -> int:
-    """The pid of the fork the child keeps ready for the next text."""
+def _forks_with_fds(espeak: EspeakProcess, count: int) -> list[int]:
+    """The child's forks holding `count` descriptors: 3 for the one kept ready for the next text
+    (its two pipes and stderr), 2 for one reading a text (its reply pipe and stderr). One that has
+    replied holds fewer while it exits, or none as a zombie."""
     child = espeak._child
     assert child is not None
-    for _ in range(100):
-        forks = [int(pid) for pid in Path(f"/proc/{child.pid}/task/{child.pid}/children").read_text().split()]
-        # The fork that read the last text may still be exiting (its pipes closed already), or
-        # linger as a zombie; the ready one holds its two pipes besides stderr.
-        ready = [pid for pid in forks if _open_fds(pid) >= 3]
-        if len(ready) == 1:
-            return ready[0]
-        time.sleep(0.01)
-    raise AssertionError("the child keeps no fork ready")
+    forks = [int(pid) for pid in Path(f"/proc/{child.pid}/task/{child.pid}/children").read_text().split()]
+    return [pid for pid in forks if _open_fds(pid) == count]
+
+
+def _ready_fork(espeak: EspeakProcess) -> int:
+    """The pid of the fork the child keeps ready for the next text (made after its reply)."""
+    ready = wait_for(lambda: _forks_with_fds(espeak, 3), timeout=30, interval=0.01)
+    assert len(ready) == 1
+    return ready[0]
 
 
 def test_a_ready_fork_killed_from_outside_costs_only_itself(espeak: EspeakProcess) -> None:
@@ -215,8 +217,9 @@ def test_a_fork_whose_child_was_killed_ends_and_the_text_is_read_again(espeak: E
     results: list = []
     thread = threading.Thread(target=lambda: results.append(espeak.phonemize("en-us", text)))
     thread.start()  # the child's first text: its first fork was made where errors were caught
-    _ready_fork(espeak)
-    time.sleep(0.3)  # the fork is reading it
+    # The child may still be starting (start() does not wait; slow under load): wait for the fork
+    # to hold the text, not a fixed time.
+    wait_for(lambda: _forks_with_fds(espeak, 2), timeout=30, interval=0.01)
     os.kill(child.pid, signal.SIGKILL)  # the child alone, not its group
     thread.join(60)
     assert len(results) == 1 and len(results[0]) == 6000  # asked again of a new child, and read
