@@ -519,7 +519,8 @@ def test_a_client_that_stops_sending_and_then_closes_leaves_the_queue_at_once(tm
             queued.sendall(b"\x16\x03\x01 not HTTP\r\n\r\n")
         wait_for(lambda: daemon.status()["admission"]["waiting"] == 1, timeout=5)
         queued.close()
-        assert wait_for(lambda: daemon.status()["admission"]["waiting"] == 0, timeout=2)
+        # At once: not after park_after_s (30 s), whatever the load on the machine running this.
+        assert wait_for(lambda: daemon.status()["admission"]["waiting"] == 0, timeout=10)
         assert daemon.status()["admission"]["active"] == 1  # the stream before it still runs
         streaming.close()
 
