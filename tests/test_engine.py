@@ -17,6 +17,7 @@ from edged.engine import EngineSettings, SynthesisParams, Voice
 from edged.errors import BadInput, BundleError, UnknownVoice
 from edged.voices import find_bundle
 from edged.windows import Window
+from tools.quantize import snr_db
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -52,9 +53,7 @@ def test_throughput_windows_decode_a_piece_at_once_with_the_same_audio(voice: Vo
     at_once = [voice.decode_float(latents, w) for w in voice.windows(latents, throughput=True)]
     assert len(streamed) > 1 and len(at_once) == 1
     reference, test = np.concatenate(streamed), at_once[0]
-    assert len(test) == len(reference)
-    snr = 10 * np.log10(np.sum(reference**2) / np.sum((test - reference) ** 2))
-    assert snr > 100
+    assert snr_db(reference, test) > 100
 
 
 def test_synthesize_for_throughput_gives_one_chunk_per_piece_and_the_same_audio(voice: Voice) -> None:
@@ -372,7 +371,7 @@ def test_twelve_frames_of_context_make_exact_joins(bundle_dir: Path) -> None:
     def snr(window: Window) -> float:
         kept = voice.decode_float(latents, window)
         assert len(kept) == 20 * voice.manifest.hop_length
-        return float(10 * np.log10(np.sum(wide**2) / np.sum((wide - kept) ** 2)))
+        return snr_db(wide, kept)
 
     assert voice.manifest.streaming.context == 12
     assert snr(Window(40, 60, 28, 72)) > 100  # exact, not merely close

@@ -23,10 +23,10 @@ from tools.eval_quality import (
     check_source,
     default_source,
     seam_report,
-    snr_db,
     stream,
     synthesize,
 )
+from tools.quantize import snr_db
 
 MIN_SNR_DB = 60.0
 

@@ -13,7 +13,7 @@ import pytest
 from edged.bundle import read_manifest
 from edged.engine import EngineSettings, SynthesisParams, Voice
 from tools import graphs
-from tools.quantize import VoiceFacts, calibration_sentences, lsd, seeded, snr
+from tools.quantize import VoiceFacts, calibration_sentences, lsd, seeded, snr_db
 
 TOOLS = Path(__file__).resolve().parent.parent / "tools"
 
@@ -28,7 +28,8 @@ def test_lsd_is_zero_for_equal_audio_and_grows_with_noise() -> None:
     noise = np.random.default_rng(0).standard_normal(tone.shape).astype(np.float32)
     assert lsd(tone, tone) == 0.0
     assert 0 < lsd(tone, tone + 0.001 * noise) < lsd(tone, tone + 0.05 * noise)
-    assert snr(tone, tone + 0.001 * noise) > snr(tone, tone + 0.05 * noise)
+    assert snr_db(tone, tone) == float("inf")
+    assert snr_db(tone, tone + 0.001 * noise) > snr_db(tone, tone + 0.05 * noise)
 
 
 def test_seeds_are_set_for_calibration_and_removed_for_shipping(bundle_dir: Path) -> None:

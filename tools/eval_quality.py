@@ -42,7 +42,7 @@ from edged.phonemes import PieceLimits
 from edged.voices import DEFAULT_VOICE
 
 from .asr import Asr, AsrSettings, AsrUnavailable, word_errors
-from .quantize import lsd
+from .quantize import lsd, snr_db
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_BUNDLE = REPO / "models" / DEFAULT_VOICE
@@ -121,14 +121,6 @@ class SourceModel:
 
 
 # -- measures ----------------------------------------------------------------------------------
-
-def snr_db(reference: np.ndarray, test: np.ndarray) -> float:
-    if len(reference) != len(test):
-        raise ValueError(f"lengths differ: {len(reference)} vs {len(test)} samples")
-    noise = float(np.sum((test.astype(np.float64) - reference) ** 2))
-    signal = float(np.sum(reference.astype(np.float64) ** 2))
-    return float("inf") if noise == 0 else 10 * np.log10(signal / noise)
-
 
 def seam_report(audio: np.ndarray, joins: list[int], reference: np.ndarray | None = None,
                 margin: int = 256) -> dict[str, Any]:

@@ -4,7 +4,7 @@ tools/calibration.txt.
 tools.build_voice builds the chosen variant (`CHOSEN`) and records the figures of
 tools.quantize_report; `python -m tools.quantize --sweep` (tools.quantize_sweep) tries the other
 variants on the same graphs and prints a table of speed and quality against fp32, which is how
-`CHOSEN` was picked. `lsd` and `snr` compare audio.
+`CHOSEN` was picked. `lsd` and `snr_db` compare audio.
 
 Calibration: the front sees the phoneme ids of every calibration sentence at the voice's default
 scales; the back sees the latent frames the fp32 front makes of them, cut into windows as the
@@ -278,12 +278,13 @@ def lsd(reference: np.ndarray, test: np.ndarray, align: bool = False, n_fft: int
     return float(np.mean(np.sqrt(np.mean((ref - out) ** 2, axis=1))))
 
 
-def snr(reference: np.ndarray, test: np.ndarray) -> float:
-    """Signal-to-noise ratio in dB of `test` against `reference` (longer input is cut)."""
-    n = min(len(reference), len(test))
-    ref, err = reference[:n].astype(np.float64), (test[:n] - reference[:n]).astype(np.float64)
-    return float(10 * np.log10(np.sum(ref**2) / max(np.sum(err**2), 1e-30)))
-
+def snr_db(reference: np.ndarray, test: np.ndarray) -> float:
+    """Signal-to-noise ratio in dB of `test` against `reference` (inf when they are equal)."""
+    if len(reference) != len(test):
+        raise ValueError(f"lengths differ: {len(reference)} vs {len(test)} samples")
+    noise = float(np.sum((test.astype(np.float64) - reference) ** 2))
+    signal = float(np.sum(reference.astype(np.float64) ** 2))
+    return float("inf") if noise == 0 else float(10 * np.log10(signal / noise))
 
 if __name__ == "__main__":  # `python -m tools.quantize --sweep`: the experiment lives beside
     from .quantize_sweep import main

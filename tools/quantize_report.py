@@ -18,7 +18,7 @@ from edged.phonemes import PieceLimits, pieces_ids
 from edged.sessions import SessionSettings, open_session
 from edged.windows import Window
 
-from .quantize import CHOSEN, SWEEP_FILE, VoiceFacts, lsd, snr
+from .quantize import CHOSEN, SWEEP_FILE, VoiceFacts, lsd, snr_db
 from .stats import median
 
 # Quality is measured on sentences that are not in the calibration text.
@@ -89,7 +89,7 @@ def _quality(sessions: _Sessions, facts: VoiceFacts) -> dict[str, float]:
             reference = sessions.speak("fp32", "fp32", feed)
             back_only = sessions.speak("fp32", "int8", feed)
             figures["back_lsd_db"].append(lsd(reference, back_only))
-            figures["back_snr_db"].append(snr(reference, back_only))
+            figures["back_snr_db"].append(snr_db(reference, back_only))
             # The int8 front predicts slightly different durations: align before comparing.
             figures["front_lsd_db"].append(lsd(reference, sessions.speak("int8", "fp32", feed), True))
             figures["voice_lsd_db"].append(lsd(reference, sessions.speak("int8", "int8", feed), True))
