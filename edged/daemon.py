@@ -30,9 +30,10 @@ log = logging.getLogger(__name__)
 CacheStatus = Literal["hit", "miss"]
 
 
-class AudioStream(Protocol):
-    """16-bit mono PCM as it is produced (an async generator, or a cache's stream); the consumer
-    closes it (`aclose`) when it is done or its client went away."""
+class PcmStream(Protocol):
+    """16-bit mono PCM as it is produced: the pipeline's async generator, or the cache's
+    AudioStream (edged.cache). The consumer closes it (`aclose`) when it is done or its client
+    went away."""
 
     def __aiter__(self) -> AsyncIterator[bytes]: ...
 
@@ -125,7 +126,7 @@ class Daemon:
         if self.cache is not None:
             await self.cache.close()
 
-    async def audio_for(self, request: SynthesisRequest, tag: str | None = None) -> tuple[CacheStatus, AudioStream]:
+    async def audio_for(self, request: SynthesisRequest, tag: str | None = None) -> tuple[CacheStatus, PcmStream]:
         """The PCM of `request` and where it came from: the cache ("hit"), else synthesized
         ("miss"; a request joining an identical synthesis under way counts as a miss here)."""
         if self.state in (State.DRAINING, State.STOPPED):

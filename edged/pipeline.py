@@ -60,30 +60,45 @@ class VoiceSource(Protocol):
     async def voice(self, voice_id: str, wait_s: float) -> Voice: ...
 
 
-class Stage:
-    """A bounded number of concurrent calls in the stage's threads, each with a deadline covering
-    its wait and its run; or, for the output, awaited writes with a deadline and no bound (see
-    OutputSettings)."""
+class _Timed:
+    """What every stage counts, and its deadline per call."""
 
-    def __init__(self, name: str, settings: StageSettings | OutputSettings, nice: int = 0) -> None:
+    def __init__(self, name: str, timeout_s: float) -> None:
         self.name = name
-        self.concurrency = settings.concurrency if isinstance(settings, StageSettings) else None
-        self.timeout_s = settings.timeout_s
-        self._slots = asyncio.Semaphore(self.concurrency) if self.concurrency else None
-        self._threads = (
-            concurrent.futures.ThreadPoolExecutor(self.concurrency, thread_name_prefix=f"edged-{name}",
-                                                  initializer=lower_thread_priority, initargs=(nice,))
-            if self.concurrency else None
-        )
+        self.timeout_s = timeout_s
+        self.concurrency: int | None = None
+        """Calls at once; None: no bound."""
         self.running = 0
         self.waiting = 0
         self.calls = 0
         self.timeouts = 0
 
+    def start_threads(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def _timed_out(self) -> StageTimeout:
+        self.timeouts += 1
+        return StageTimeout(f"{self.name} stage took longer than {self.timeout_s:g} s")
+
+
+class Stage(_Timed):
+    """A bounded number of concurrent calls in the stage's threads, each with a deadline covering
+    its wait and its run."""
+
+    def __init__(self, name: str, settings: StageSettings, nice: int = 0) -> None:
+        super().__init__(name, settings.timeout_s)
+        self.concurrency = settings.concurrency
+        self._slots = asyncio.Semaphore(settings.concurrency)
+        self._threads = concurrent.futures.ThreadPoolExecutor(
+            settings.concurrency, thread_name_prefix=f"edged-{name}",
+            initializer=lower_thread_priority, initargs=(nice,))
+
     async def run(self, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` in this stage's threads. On timeout or cancellation the call still runs to
         its end in its thread (onnxruntime cannot be interrupted), and only then frees its slot."""
-        assert self._threads is not None, f"stage {self.name} runs no threads"
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
         await self._acquire(deadline)
@@ -95,45 +110,22 @@ class Stage:
         except TimeoutError:
             raise self._timed_out() from None
 
-    async def wait(self, awaitable: Awaitable[T]) -> T:
-        """Await `awaitable` (an async operation such as a socket write) within this stage's limits."""
-        deadline = asyncio.get_running_loop().time() + self.timeout_s
-        try:
-            await self._acquire(deadline)
-        except BaseException:
-            _close(awaitable)
-            raise
-        try:
-            async with asyncio.timeout_at(deadline):
-                return await awaitable
-        except TimeoutError:
-            raise self._timed_out() from None
-        finally:
-            self._release()
-
     def start_threads(self) -> None:
         """Start all of this stage's threads now. A thread pool otherwise adds threads as calls
         race it, at any time; each new thread brings its own allocator arena, and memory then
         steps up during service (seen: +0.3 to +5 MB once, thousands of requests in)."""
-        if self._threads is not None and self.concurrency:  # (concurrency: for the type checker)
-            all_started = threading.Barrier(self.concurrency)
-            for _ in range(self.concurrency):
-                self._threads.submit(all_started.wait)  # each blocks, so each needs a new thread
+        all_started = threading.Barrier(self.concurrency or 1)
+        for _ in range(self.concurrency or 1):
+            self._threads.submit(all_started.wait)  # each blocks, so each needs a new thread
 
     def close(self) -> None:
-        if self._threads is not None:
-            self._threads.shutdown(wait=False, cancel_futures=True)
-
-    def _timed_out(self) -> StageTimeout:
-        self.timeouts += 1
-        return StageTimeout(f"{self.name} stage took longer than {self.timeout_s:g} s")
+        self._threads.shutdown(wait=False, cancel_futures=True)
 
     async def _acquire(self, deadline: float) -> None:
         self.waiting += 1
         try:
             async with asyncio.timeout_at(deadline):
-                if self._slots is not None:
-                    await self._slots.acquire()
+                await self._slots.acquire()
         except TimeoutError:
             raise self._timed_out() from None
         finally:
@@ -141,15 +133,30 @@ class Stage:
         self.running += 1
         self.calls += 1
 
-    def _release(self) -> None:
-        self.running -= 1
-        if self._slots is not None:
-            self._slots.release()
-
     def _release_after_thread(self, future: asyncio.Future[Any]) -> None:
         if not future.cancelled():
             future.exception()  # retrieved here, so an abandoned call logs no "never retrieved"
-        self._release()
+        self.running -= 1
+        self._slots.release()
+
+
+class OutputStage(_Timed):
+    """Awaited writes to clients, each with a deadline and no shared bound (see OutputSettings)."""
+
+    def __init__(self, settings: OutputSettings) -> None:
+        super().__init__("output", settings.timeout_s)
+
+    async def wait(self, awaitable: Awaitable[T]) -> T:
+        """Await `awaitable` (an async operation such as a socket write) within the deadline."""
+        self.running += 1
+        self.calls += 1
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await awaitable
+        except TimeoutError:
+            raise self._timed_out() from None
+        finally:
+            self.running -= 1
 
 
 @dataclass
@@ -171,12 +178,12 @@ class Pipeline:
         self.text = Stage("text", settings.text, nice=nice)
         self.front = Stage("front", settings.front, nice=nice)
         self.back = Stage("back", settings.back, nice=nice)
-        self.output = Stage("output", settings.output)
+        self.output = OutputStage(settings.output)
         self.counts = PipelineCounts()
         self.preemption = Preemption()
 
     @property
-    def stages(self) -> tuple[Stage, ...]:
+    def stages(self) -> tuple[Stage | OutputStage, ...]:
         return (self.text, self.front, self.back, self.output)
 
     def start_threads(self) -> None:
@@ -292,9 +299,3 @@ def lower_thread_priority(nice: int) -> None:
     except OSError as exc:
         log.warning("could not lower the priority of synthesis threads: %s", exc)
 
-
-def _close(awaitable: Awaitable[object]) -> None:
-    """Close a coroutine that will never be awaited (no "never awaited" warning)."""
-    close = getattr(awaitable, "close", None)
-    if close is not None:
-        close()
