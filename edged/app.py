@@ -29,7 +29,7 @@ from .asgi import (
 )
 from .cacheservice import CacheService
 from .config import OPENAI_PCM_RATE, OPENAI_VOICE_NAMES
-from .daemon import AudioStream, CacheStatus, Daemon
+from .daemon import CacheStatus, Daemon, PcmStream
 from .errors import (
     BadInput,
     Busy,
@@ -45,6 +45,7 @@ from .errors import (
 )
 from .messages import (
     CONTENT_TYPES,
+    Phrase,
     cache_scope,
     parse_json,
     parse_query,
@@ -173,15 +174,35 @@ class App:
         """POST /v1/cache/warm: queue phrases; the missing ones are synthesized at low priority.
         Answers at once (202) with the progress, which /v1/status and /metrics follow."""
         require_admin(scope.get("edged.peer"), self.settings.server.admin_group)
+        _require_no_query(scope)
         phrases = warm_body(await self._body(scope, receive), self.settings.limits.max_text_chars)
         service = self._cache_service()
-        for i, phrase in enumerate(phrases):  # unknown voices are refused now, not found out later
-            try:
-                self.daemon.registry.info(phrase.voice or self.settings.voices.default)
-            except UnknownVoice as exc:  # named as the body's other faults are (edgectl: by line)
-                raise UnknownVoice(f"phrase {i}: {exc}") from None
+        self._check_warm_voices(phrases)
         service.add_warm(phrases)
         await send_json(send, 202, {"queued": len(phrases), "warm": asdict(service.warm)})
+
+    def _check_warm_voices(self, phrases: list[Phrase]) -> None:
+        """Refuse the phrases now if one names a voice that is not installed (else each of them
+        failed later, one by one). Faults are named by phrase, as the body's others are (edgectl
+        turns the first into a line of its file); every unknown voice is named at once."""
+        unknown: dict[str, tuple[int, UnknownVoice]] = {}
+        checked: set[str] = set()
+        for i, phrase in enumerate(phrases):
+            name = phrase.voice or self.settings.voices.default
+            if name in checked:
+                continue
+            checked.add(name)
+            try:
+                self.daemon.registry.info(name)
+            except UnknownVoice as exc:
+                unknown[name] = (i, exc)
+            except EdgedError as exc:  # a bundle that cannot be read
+                raise type(exc)(f"phrase {i}: {exc}") from None
+        if unknown:
+            (first, error), *others = unknown.values()
+            also = ", ".join(f"{name[:100]!r} (phrase {i})" for name, (i, _) in list(unknown.items())[1:6])
+            more = f" and {len(others) - 5} more" if len(others) > 5 else ""
+            raise UnknownVoice(f"phrase {first}: {error}" + (f"; also unknown: {also}{more}" if others else ""))
 
     def _cache_service(self) -> CacheService:
         service = self.daemon.cache
@@ -196,6 +217,7 @@ class App:
     async def synthesize(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         _require_streaming(scope)
+        _require_no_query(scope)
         body = synthesize_body(await self._json(scope, receive), self.settings.limits.max_text_chars)
         info = self.daemon.registry.info(body.voice or self.settings.voices.default)
         request = info.request(body.text, body.speed, body.format)
@@ -261,16 +283,18 @@ class App:
             raise ClientGone from None
 
     async def _send_audio(self, send: Send, request: SynthesisRequest, cache: CacheStatus,
-                          chunks: AudioStream, route: str, started: float) -> None:
+                          chunks: PcmStream, route: str, started: float) -> None:
         async with contextlib.aclosing(chunks):  # closing it frees the synthesis slot at once
             try:
-                first = await anext(chunks, b"")
+                first = await anext(chunks, None)
             except EdgedError as error:
                 await send_error(send, error, self.settings.server.retry_after_s)
                 return
             if request.format == "wav":  # with the first audio: a client's first bytes hold sound
-                # A cache hit knows its length; a synthesis gets the streaming header.
-                first = wav_header(request.sample_rate, getattr(chunks, "known_size", None)) + first
+                # A cache hit knows its length, and so does a text with nothing to say (no
+                # audio at all); a synthesis under way gets the streaming header.
+                size = 0 if first is None else getattr(chunks, "known_size", None)
+                first = wav_header(request.sample_rate, size) + (first or b"")
             headers = [
                 (b"content-type", CONTENT_TYPES[request.format].encode()),
                 (b"x-edged-sample-rate", str(request.sample_rate).encode()),
@@ -279,7 +303,7 @@ class App:
             ]
             try:
                 await self._write(send, {"type": "http.response.start", "status": 200, "headers": headers})
-                if first:
+                if first:  # None or b"": no audio (pcm)
                     await self._write(send, {"type": "http.response.body", "body": first, "more_body": True})
                 first_audio = time.perf_counter() - started
                 async for chunk in chunks:
@@ -326,6 +350,14 @@ def _require_plain_body(scope: Scope) -> None:
         if name == b"content-encoding" and codings - {"identity"}:
             raise CompressedBody(f"content encoding {text[:100]!r} is not supported: send the body "
                                  "uncompressed")
+
+
+def _require_no_query(scope: Scope) -> None:
+    """edged's own POST routes take their options in the JSON body: "?format=pcm" or "?voice=x"
+    was ignored, and the client got other audio than it asked for without being told.
+    (/v1/audio/speech ignores one: Azure's OpenAI clients add "?api-version=".)"""
+    if scope.get("query_string"):
+        raise BadInput(f"{scope['path']} takes no query parameters: put them in the JSON body")
 
 
 def _require_streaming(scope: Scope) -> None:

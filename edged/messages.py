@@ -7,12 +7,14 @@ except fields that are optional in the contract.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Literal, cast, get_args
 from urllib.parse import parse_qs
 
 from .bundle import NAME_MAX
 from .errors import BadInput, TextTooLong
+from .espeak_safety import nothing_to_read
 from .untrusted_json import loads
 
 AudioFormat = Literal["wav", "pcm"]
@@ -50,11 +52,17 @@ class SpeechBody:
     """OpenAI's default is mp3, which edged does not produce; wav is the default here."""
 
 
+_BROKEN_ESCAPE = re.compile("%(?![0-9A-Fa-f]{2})")
+
+
 def parse_query(query_string: bytes) -> dict[str, str]:
     """The query's parameters, each given once, percent-encoded UTF-8."""
     try:
-        pairs = parse_qs(query_string.decode("ascii"), keep_blank_values=True, errors="strict")
-    except UnicodeDecodeError:
+        query = query_string.decode("ascii")
+        if _BROKEN_ESCAPE.search(query):  # parse_qs keeps "%zz" as it is: a typo cleared "%zz"
+            raise ValueError
+        pairs = parse_qs(query, keep_blank_values=True, errors="strict")
+    except ValueError:  # UnicodeDecodeError is one
         raise BadInput("the query string is not percent-encoded UTF-8") from None
     for name, values in pairs.items():
         if len(values) > 1:  # which one was meant? (a clear must not guess)
@@ -133,7 +141,7 @@ def _text(data: dict[str, Any], name: str, max_chars: int) -> str:
         raise BadInput(f"field {name!r} must be a string")
     if len(text) > max_chars:
         raise TextTooLong(f"{name} has {len(text)} characters; the limit is {max_chars}")
-    if not text.strip():
+    if nothing_to_read(text):  # a NUL is read as a space
         raise BadInput(f"field {name!r} is empty")
     try:
         text.encode("utf-8")

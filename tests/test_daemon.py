@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import select
 import socket
 import struct
 import threading
 import time
+import wave
 from pathlib import Path
 
 import pytest
@@ -51,6 +53,31 @@ def test_synthesize_streams_wav_in_chunks(daemon: Daemon) -> None:
     assert 1.0 < seconds < 4.0
     pcm = memoryview(reply.body[44:]).cast("h")
     assert max(abs(s) for s in pcm) > 1000  # speech, not silence
+
+
+def test_a_text_with_nothing_to_say_is_a_wav_that_says_it_holds_no_audio(daemon: Daemon) -> None:
+    # Its header said "streaming" (sizes 0xFFFFFFFF): Python's wave module took that for ~2^31
+    # frames, though the daemon knew there was no audio before it wrote the header.
+    for _ in range(2):  # the second one asked again (nothing is stored for it)
+        reply = daemon.request("POST", "/v1/synthesize", {"text": "?!"})
+        assert reply.status == 200 and len(reply.body) == 44
+        with wave.open(io.BytesIO(reply.body)) as wav:
+            assert wav.getnframes() == 0 and wav.getframerate() == 22050
+        assert struct.unpack("<I", reply.body[4:8])[0] == 36
+
+
+def test_options_in_the_query_string_are_refused_not_ignored(daemon: Daemon) -> None:
+    # "?format=pcm&voice=x" was ignored: WAV of the default voice, and the client never told.
+    reply = daemon.request("POST", "/v1/synthesize?format=pcm&voice=nobody", {"text": SHORT})
+    assert reply.status == 400 and "query" in reply.json()["error"]["message"]
+    azure = daemon.request("POST", "/v1/audio/speech?api-version=2025-01-01", {"input": SHORT, "voice": "alloy"})
+    assert azure.status == 200 and azure.body[:4] == b"RIFF"
+
+
+def test_a_text_of_nul_characters_is_empty_as_a_text_of_spaces_is(daemon: Daemon) -> None:
+    for text in (" \t", "\x00", " \x00\n"):
+        reply = daemon.request("POST", "/v1/synthesize", {"text": text})
+        assert reply.status == 400 and reply.json()["error"]["message"] == "field 'text' is empty", text
 
 
 def test_pcm_format_is_headerless_and_speed_shortens_it(daemon: Daemon) -> None:

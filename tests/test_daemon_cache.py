@@ -107,6 +107,7 @@ def test_delete_by_tag_and_by_voice_makes_the_next_request_a_miss(cached: Daemon
     for bad_request in (("/v1/cache?voice=", None), ("/v1/cache?tag=", None), ("/v1/cache", {"tag": ""}),
                         ("/v1/cache", '{"voice": "\\ud800"}'), ("/v1/cache", {"version": "v\n1", "voice": voice}),
                         ("/v1/cache?tag=%ff%fe", None),  # not UTF-8: refused, not mangled into U+FFFD
+                        ("/v1/cache?tag=%zz", None), ("/v1/cache?voice=a%", None),  # no escape: not taken as it is
                         ("/v1/cache?voice=x", {"voice": None}), ("/v1/cache", {"tag": None}),  # null: not "all"
                         ("/v1/cache?tag=a&tag=b", None),  # which one?
                         ("/v1/cache?voice=x", {"tag": "y"})):  # query and body: one would override
@@ -154,8 +155,14 @@ def test_warm_up_fills_the_cache_and_reports_progress(cached: Daemon) -> None:
     assert f"edged_cache_warm_requested_total {float(target)}" in metrics
     assert f"edged_cache_warm_synthesized_total {float(warmed['warm']['synthesized'])}" in metrics
     assert 'edged_cache_lookups_total{result="hit",tier="memory"}' in metrics
-    unknown = cached.request("POST", "/v1/cache/warm", '["fine", {"text": "x", "voice": "xx_XX-nobody"}]')
+    unknown = cached.request("POST", "/v1/cache/warm", '["fine", {"text": "x", "voice": "xx_XX-nobody"}, '
+                             '{"text": "y", "voice": "xx_XX-nobody"}, {"text": "z", "voice": "yy_YY-nobody"}]')
     assert unknown.status == 404
+    message = unknown.json()["error"]["message"]  # each unknown voice named once, in one answer
+    assert message.startswith("phrase 1: unknown voice 'xx_XX-nobody'") and "'yy_YY-nobody' (phrase 3)" in message
+    assert message.count("xx_XX-nobody") == 1
+    nothing = cached.request("POST", "/v1/cache/warm", '["fine", "\\u0000"]')  # refused now, not failed later
+    assert nothing.status == 400 and nothing.json()["error"]["message"] == "phrase 1: field 'text' is empty"
 
 
 def test_a_request_for_a_phrase_being_warmed_does_not_wait_behind_live_work(cached: Daemon) -> None:
