@@ -36,7 +36,7 @@ OPENAI_VOICE_NAMES = (
 @dataclass
 class ServerSettings:
     socket: str = ""
-    """Unix socket path. Empty: $EDGED_SOCKET, else $XDG_RUNTIME_DIR/edged/edged.sock (non-root)
+    """Unix socket path (absolute). Empty: $EDGED_SOCKET, else $XDG_RUNTIME_DIR/edged/edged.sock (non-root)
     or /run/edged/edged.sock (root). A socket passed by systemd takes precedence over all."""
     socket_mode: int = 0o660
     """Permissions of the socket file: owner and group may connect."""
@@ -206,11 +206,14 @@ def load_settings(config_file: Path | None = None, socket_path: Path | None = No
             raise ConfigError(f"cannot read config {config_file}: {exc.strerror}") from None
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{config_file}: not valid TOML: {exc}") from None
+        except RecursionError:  # tomllib recurses per level of nesting: [[[[...]]]] of 1 kB
+            raise ConfigError(f"{config_file}: not valid TOML: nested too deeply") from None
     settings = build(Settings, data, "")
+    # Given where the daemon is started, a relative path means the directory it is started in.
     if env.get("EDGED_SOCKET"):
-        settings = override(settings, "server.socket", env["EDGED_SOCKET"])
+        settings = override(settings, "server.socket", os.path.abspath(Path(env["EDGED_SOCKET"]).expanduser()))
     if socket_path is not None:
-        settings = override(settings, "server.socket", str(socket_path))
+        settings = override(settings, "server.socket", os.path.abspath(socket_path.expanduser()))
     return settings
 
 
@@ -352,6 +355,8 @@ def check(settings: Settings) -> None:
     # Relative would mean relative to wherever the daemon started: / under systemd.
     if settings.cache.directory is not None and not Path(settings.cache.directory).expanduser().is_absolute():
         raise ConfigError(f"cache.directory {str(settings.cache.directory)!r} must be an absolute path")
+    if settings.server.socket and not Path(settings.server.socket).expanduser().is_absolute():
+        raise ConfigError(f"server.socket {settings.server.socket!r} must be an absolute path")
     if not 0o001 <= settings.server.socket_mode <= 0o777:
         raise ConfigError("server.socket_mode must be a file mode between 0o001 and 0o777")
     if settings.voices.precision not in ("", "fp32", "int8"):

@@ -58,14 +58,23 @@ class Listener:
     """The socket file we created and must remove; None when systemd owns the socket."""
     lock: IO[str] | None = None
     """Held (flock) for the daemon's life: a second daemon on the same path sees it and stops."""
+    identity: tuple[int, int] | None = None
+    """(device, inode) of the socket file as bound."""
 
     def close(self) -> None:
         self.sock.close()
-        if self.path is not None:
-            with contextlib.suppress(FileNotFoundError):
+        # Only if the file there is still ours: with its directory removed and made again, another
+        # daemon may have bound the path since (and would be cut off from its clients).
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            if self.path is not None and _identity(self.path) == self.identity:
                 self.path.unlink()
         if self.lock is not None:
             self.lock.close()
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    info = os.lstat(path)
+    return info.st_dev, info.st_ino
 
 
 def serve(config_file: Path | None = None, socket_path: Path | None = None) -> int:
@@ -140,9 +149,9 @@ def open_listener(settings: Settings) -> Listener:
     _refuse_a_non_socket(path)  # before the lock file is made beside it
     try:
         path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        lock = open(path.with_name(path.name + ".lock"), "a", encoding="ascii")  # noqa: SIM115 (held for life)
     except OSError as exc:
         raise ConfigError(f"cannot use socket directory {path.parent}: {exc.strerror}") from None
+    lock = _open_lock(path.with_name(path.name + ".lock"))
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -158,6 +167,7 @@ def open_listener(settings: Settings) -> Listener:
             os.umask(old_umask)
         os.chmod(path, settings.server.socket_mode)
         sock.listen(BACKLOG)
+        identity = _identity(path)
     except OSError as exc:  # a directory we may not write in (its lock file left by root), ...
         lock.close()
         raise ConfigError(f"cannot use socket {path}: {exc.strerror or exc}") from None
@@ -165,7 +175,21 @@ def open_listener(settings: Settings) -> Listener:
         lock.close()
         raise
     log.info("listening on %s", path)
-    return Listener(sock, path, lock)
+    return Listener(sock, path, lock, identity)
+
+
+def _open_lock(path: Path) -> IO[str]:
+    """The lock file beside the socket, which anyone who may write in a shared directory could
+    have made first: a FIFO there blocked the start for good (signals too), a symlink was
+    followed. (Read-write: a FIFO opened write-only without a reader fails with a cryptic ENXIO.)"""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise ConfigError(f"cannot use lock file {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ConfigError(f"lock file {path} exists and is not a regular file; not using it")
+    return os.fdopen(fd, "r+", encoding="ascii")
 
 
 def _activated_socket(fds: list[int]) -> socket.socket:

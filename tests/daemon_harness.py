@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -13,6 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
+
+import pytest
 
 from edged.bundle import MANIFEST_NAME, read_manifest
 from edged.client import DaemonUnreachable, UnixConnection
@@ -213,3 +216,14 @@ def edgectl(*args: str, socket_path: Path, stdin: bytes | None = None, **run: An
     options.setdefault("stdout", subprocess.PIPE)
     return subprocess.run([sys.executable, "-c", "import sys; from edged.client import main; sys.exit(main())",
                            *args], check=False, cwd=REPO, env=env, input=stdin, **options)
+
+
+def as_user_without_override(command: list[str]) -> list[str]:
+    """`command` run so that file permissions bind it: as it is for a user, and for root through
+    setpriv without the capabilities that override them (the test is skipped without setpriv)."""
+    if os.geteuid() != 0:
+        return command
+    if shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv (util-linux) to run as root without CAP_DAC_OVERRIDE")
+    caps = "-dac_override,-dac_read_search,-fowner"
+    return ["setpriv", "--bounding-set", caps, "--inh-caps", caps, *command]

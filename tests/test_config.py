@@ -69,6 +69,8 @@ def test_a_retired_setting_is_read_with_a_warning(tmp_path: Path, caplog: pytest
     ("[voices]\nsearch_path = [\"voices\"]\n", "must be an absolute path"),  # relative to what?
     ("[voices]\nsearch_path = [\"\"]\n", "must be an absolute path"),
     ("[cache]\ndirectory = \"audio\"\n", "cache.directory 'audio' must be an absolute path"),  # under /
+    ("[server]\nsocket = \"edged.sock\"\n", "server.socket 'edged.sock' must be an absolute path"),
+    ("x = " + "[" * 500 + "]" * 500 + "\n", "nested too deeply"),  # 1 kB: a RecursionError traceback
     # Past SQLite's integers, and a NUL no path can hold: accepted, they turned the cache off later.
     ("[cache]\ndisk_bytes = 99999999999999999999999\n", "cache.disk_bytes is out of range"),
     ("[cache]\ndirectory = \"a\\u0000b\"\n", "cache.directory must not contain a NUL"),
@@ -107,6 +109,9 @@ def test_socket_precedence(tmp_path: Path) -> None:
     config.write_text('[server]\nsocket = "~/edged.sock"\n')
     assert socket_path(load_settings(config, env={})) == Path.home() / "edged.sock"
     assert default_socket_path({"EDGED_SOCKET": "~/e.sock"}) == Path.home() / "e.sock"
+    # Given when the daemon starts (not in a file read by a service started in /): from here.
+    assert socket_path(load_settings(None, Path("flag.sock"), env={})) == Path.cwd() / "flag.sock"
+    assert socket_path(load_settings(None, env={"EDGED_SOCKET": "env.sock"})) == Path.cwd() / "env.sock"
 
 
 def test_override_by_dotted_name() -> None:

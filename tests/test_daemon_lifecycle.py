@@ -23,6 +23,7 @@ from daemon_harness import (
     REPO,
     Daemon,
     Reply,
+    as_user_without_override,
     default_graph,
     install_as,
     other_voice,
@@ -42,6 +43,30 @@ def test_socket_is_made_private_and_a_live_daemon_is_not_taken_over(tmp_path: Pa
         assert "another edged is running" in second.log_text()
         assert first.get("/v1/health").json()["state"] == "READY"  # still ours, still serving
     assert not first.socket.exists()  # removed on stop
+
+
+def test_a_daemon_stopping_leaves_a_socket_bound_after_its_own(tmp_path: Path, bundle_dir: Path) -> None:
+    # Its directory removed (a clean-up of /run) and a second daemon started on the same path:
+    # the first one's exit removed the second's socket, and the second's clients lost it.
+    with Daemon(tmp_path / "a") as first:
+        shutil.rmtree(first.socket.parent)
+        second = Daemon(tmp_path / "b")
+        second.socket = first.socket
+        with second:
+            assert first.stop() == 0
+            assert second.get("/v1/health").status == 200
+        assert not second.socket.exists()  # its own is removed on stop
+
+
+def test_a_fifo_where_the_lock_file_goes_is_refused_not_waited_on(tmp_path: Path) -> None:
+    # Anyone who may write in the socket's directory could make one: the start blocked opening
+    # it for good, and SIGTERM could not stop it.
+    daemon = Daemon(tmp_path)
+    daemon.socket.parent.mkdir()
+    os.mkfifo(daemon.socket.with_name("edged.sock.lock"))
+    daemon.start()
+    assert daemon.proc is not None and daemon.proc.wait(30) == 2
+    assert "edged.sock.lock exists and is not a regular file" in daemon.log_text()
 
 
 def test_stale_socket_file_is_replaced(tmp_path: Path, bundle_dir: Path) -> None:
@@ -198,13 +223,10 @@ def test_a_socket_it_may_not_bind_is_a_clear_error(tmp_path: Path) -> None:
     directory = tmp_path / "run"
     directory.mkdir()
     (directory / "edged.sock.lock").touch(mode=0o666)
-    command = [sys.executable, "-m", "edged", "serve", "--socket", str(directory / "edged.sock")]
+    command = as_user_without_override([sys.executable, "-m", "edged", "serve", "--socket",
+                                        str(directory / "edged.sock")])
     if os.geteuid() == 0:  # root writes anywhere: serve as root without that power
-        if shutil.which("setpriv") is None:
-            pytest.skip("needs setpriv (util-linux) to run as root without CAP_DAC_OVERRIDE")
         os.chown(directory, 65534, 65534)
-        caps = "-dac_override,-dac_read_search,-fowner"
-        command = ["setpriv", "--bounding-set", caps, "--inh-caps", caps, *command]
     directory.chmod(0o555)
     result = subprocess.run(command, cwd=REPO, capture_output=True, timeout=60, check=False)
     assert result.returncode == 2 and b"cannot use socket" in result.stderr, result.stderr
@@ -345,7 +367,8 @@ def test_a_socket_path_that_names_no_socket_is_refused_and_leaves_nothing(tmp_pa
     # "." was a ValueError traceback; a regular file was refused, but its ".lock" was left beside it.
     taken = tmp_path / "taken"
     taken.write_text("not a socket")
-    for path, message in ((".", "names a directory"), (str(taken), "exists and is not a socket")):
+    for path, message in ((".", f"{tmp_path} exists and is not a socket"),  # "." is the directory it starts in
+                          (str(taken), "exists and is not a socket")):
         result = subprocess.run([sys.executable, "-m", "edged", "serve", "--socket", path], cwd=tmp_path,
                                 capture_output=True, timeout=60, check=False)
         assert result.returncode == 2 and message.encode() in result.stderr, result.stderr
