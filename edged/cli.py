@@ -27,10 +27,9 @@ def _synth(args: argparse.Namespace) -> int:
     if args.raw and args.output is not None:
         raise BadInput("give -o FILE.wav or --raw (PCM on stdout), not both")
     output = None if args.raw else args.output
-    if not args.raw:  # checked before reading stdin or loading the voice
-        if output is None:
-            raise BadInput("give -o FILE.wav, or --raw for PCM on stdout")
-        check_writable(output)
+    if not args.raw and output is None:
+        raise BadInput("give -o FILE.wav, or --raw for PCM on stdout")
+    check_writable(output)  # before reading stdin or loading the voice
     text = read_text(args.text)
     params = SynthesisParams(speed=args.speed)
     settings = EngineSettings(precision=args.precision, fixed_shape=args.fixed_shape)

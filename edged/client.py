@@ -155,11 +155,7 @@ def get_json(path: Path, url: str, method: str = "GET", body: Any = None) -> Any
 # -- commands -----------------------------------------------------------------------------------
 
 def _synth(args: argparse.Namespace) -> int:
-    if args.output is None and sys.stdout is not None and sys.stdout.isatty():
-        print("edgectl: not writing audio to a terminal; give -o FILE or redirect stdout", file=sys.stderr)
-        return 2
-    if args.output is not None:
-        check_writable(args.output)  # before the daemon does the work
+    check_writable(args.output)  # before the daemon does the work
     body: dict[str, Any] = {"text": read_text(args.text), "format": args.format, "speed": args.speed}
     if args.voice is not None:
         body["voice"] = args.voice
@@ -246,6 +242,8 @@ def _cache_clear(args: argparse.Namespace) -> int:
 
 
 def _cache_warm(args: argparse.Namespace) -> int:
+    if str(args.file) == "-" and sys.stdin is None:  # started with it closed (<&-)
+        raise InputError("standard input is closed")
     try:  # bytes, whatever the locale: UTF-8 (a byte order mark is dropped by parse_phrase_lines)
         with sys.stdin.buffer if str(args.file) == "-" else args.file.open("rb") as stream:
             raw = stream.read(MAX_WARM_FILE_BYTES + 1)  # /dev/zero or `yes` would fill memory

@@ -11,6 +11,7 @@ renaming over it would replace the device itself. Symlinks are followed, never r
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import stat
@@ -125,8 +126,13 @@ class AudioOutput:
                   "for a stream", file=sys.stderr)
 
 
-def check_writable(path: Path) -> None:
-    """Refuse now what cannot be written (before any synthesis is done for it)."""
+def check_writable(path: Path | None) -> None:
+    """Refuse now what cannot be written (before any synthesis is done for it). None is standard
+    output: it must be open, and not a terminal (audio there garbles it)."""
+    if path is None:
+        if _stdout().isatty():
+            raise OutputError("not writing audio to a terminal; give -o FILE or redirect standard output")
+        return
     try:
         _check_writable(path)
     except OSError as exc:  # a name too long, a symlink loop, ...
@@ -144,6 +150,10 @@ def _check_writable(path: Path) -> None:
         raise OutputError(f"cannot write {path}: no directory {target.parent}")
     if not os.access(target.parent, os.W_OK | os.X_OK):
         raise OutputError(f"cannot write {path}: no permission to create files in {target.parent}")
+    # The audio replaces the file by a rename, which the directory allows: a file that `>` may
+    # not write (read-only, another user's) is refused as `>` refuses it.
+    if kind == "file" and not os.access(target, os.W_OK):
+        raise OutputError(f"cannot write {path}: {os.strerror(errno.EACCES)}")
 
 
 @contextlib.contextmanager

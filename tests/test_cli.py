@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import shutil
 import signal
 import stat
@@ -16,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from daemon_harness import as_user_without_override
 
 from edged.cliio import MAX_TEXT_CHARS
 
@@ -34,6 +37,35 @@ def test_synth_writes_a_wav_file(tmp_path: Path, bundle_dir: Path) -> None:
         samples = np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2")
     assert 0.5 < len(samples) / 22050 < 3.0
     assert np.abs(samples).max() > 3000  # speech, not silence
+
+
+def test_synth_does_not_replace_a_file_it_may_not_write(tmp_path: Path, bundle_dir: Path) -> None:
+    # The audio goes in by a rename, which the directory allowed: a read-only file (another
+    # user's, too) was replaced, where `>` says "Permission denied".
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    kept = shared / "kept.wav"
+    kept.write_bytes(b"precious")
+    kept.chmod(0o444)
+    if os.geteuid() == 0:
+        os.chown(kept, 65534, 65534)
+    command = as_user_without_override([sys.executable, "-m", "edged", "synth", "Hello.", "--voice",
+                                        str(bundle_dir), "-o", str(kept)])
+    result = subprocess.run(command, capture_output=True, timeout=120, check=False)
+    assert result.returncode == 2 and b"Permission denied" in result.stderr, result.stderr
+    assert kept.read_bytes() == b"precious" and os.listdir(shared) == ["kept.wav"]
+
+
+def test_synth_raw_does_not_write_audio_to_a_terminal(bundle_dir: Path) -> None:
+    leader, follower = pty.openpty()
+    try:
+        result = subprocess.run([sys.executable, "-m", "edged", "synth", "Hi.", "--raw", "--voice", str(bundle_dir)],
+                                stdout=follower, stderr=subprocess.PIPE, timeout=120, check=False)
+    finally:
+        os.close(leader)
+        os.close(follower)
+    assert result.returncode == 2 and b"not writing audio to a terminal" in result.stderr, result.stderr
 
 
 def test_synth_raw_reads_stdin_and_streams_pcm(bundle_dir: Path) -> None:

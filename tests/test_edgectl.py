@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pty
 import re
 import socket
 import subprocess
@@ -53,6 +54,23 @@ def test_reports_that_cannot_be_written_are_said_so(daemon: Daemon, command: lis
     assert done.stderr.decode().strip() == "edgectl: cannot write standard output: No space left on device"
     closed = edgectl(*command, socket_path=daemon.socket, stdout=None, pass_fds=(), preexec_fn=lambda: os.close(1))
     assert closed.returncode == 2 and b"standard output is closed" in closed.stderr, closed.stderr
+
+
+def test_audio_is_not_asked_for_when_standard_output_cannot_take_it(daemon: Daemon) -> None:
+    # A closed standard output was found only once the daemon had started the synthesis; a
+    # terminal would show the samples as garbage.
+    before = daemon.status()["synthesis"]
+    closed = edgectl("synth", "Hi.", socket_path=daemon.socket, stdout=None, pass_fds=(),
+                     preexec_fn=lambda: os.close(1))
+    assert closed.returncode == 2 and b"standard output is closed" in closed.stderr, closed.stderr
+    leader, follower = pty.openpty()
+    try:
+        terminal = edgectl("synth", "Hi.", socket_path=daemon.socket, stdout=follower)
+    finally:
+        os.close(leader)
+        os.close(follower)
+    assert terminal.returncode == 2 and b"not writing audio to a terminal" in terminal.stderr, terminal.stderr
+    assert daemon.status()["synthesis"] == before  # nothing was asked of the daemon
 
 
 def test_daemon_errors_are_reported(daemon: Daemon, tmp_path: Path) -> None:
@@ -225,6 +243,8 @@ def test_cache_warm_reads_utf8_with_a_byte_order_mark_whatever_the_locale(
         done = edgectl("cache", "warm", source, socket_path=daemon.socket, stdin=stdin)
         assert done.returncode == 0, done.stderr
         assert b"warming 1/1 phrases, 0 failed" in done.stderr
+    closed = edgectl("cache", "warm", "-", socket_path=daemon.socket, preexec_fn=lambda: os.close(0))
+    assert closed.returncode == 2 and b"edgectl: standard input is closed" in closed.stderr, closed.stderr
 
 
 @pytest.fixture(scope="module")
@@ -245,6 +265,9 @@ def test_an_invalid_bundle_is_listed_with_its_error(odd_daemon: Daemon) -> None:
         assert done.returncode == 0, done.stderr
         assert re.search(rb"en_US-bad-medium invalid: \S", done.stdout), done.stdout
         assert DEFAULT_VOICE.encode() in done.stdout
+    # Warm-up names the phrase whose voice it is, as it names an unknown voice's.
+    warm = odd_daemon.request("POST", "/v1/cache/warm", {"phrases": ["Hi.", {"text": "Hi.", "voice": "en_US-bad-medium"}]})
+    assert warm.status == 500 and warm.json()["error"]["message"].startswith("phrase 1: "), warm.body
 
 
 def test_cache_warm_names_the_line_of_a_refused_phrase(odd_daemon: Daemon, tmp_path: Path) -> None:
