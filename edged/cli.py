@@ -7,6 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
+from . import logs
 from .cliio import (
     InputError,
     Interrupted,
@@ -99,8 +100,7 @@ def with_default_command(argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(with_default_command(sys.argv[1:] if argv is None else argv))
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logs.setup(logging.DEBUG if args.verbose else logging.WARNING)
     try:
         return int(args.run(args))
     except (EdgedError, InputError, OutputError) as exc:

@@ -17,6 +17,7 @@ import concurrent.futures
 import contextlib
 import ctypes
 import fcntl
+import functools
 import logging
 import os
 import resource
@@ -45,6 +46,12 @@ BACKLOG = 128
 M_ARENA_MAX = -8
 """glibc's mallopt parameter number (malloc.h)."""
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+OTHER_SIGNALS = {
+    signal.SIGHUP: "SIGHUP: reload is not supported yet",
+    signal.SIGUSR1: "SIGUSR1 ignored: edged has no use for it",  # "reopen your logs", by habit
+    signal.SIGUSR2: "SIGUSR2 ignored: edged has no use for it",
+}
+"""Signals whose default action (death, the socket file left) would be a crash: logged instead."""
 NOTIFY_FLUSH_S = 1.0
 """How long the exit waits for notifications systemd has not taken yet (STOPPING=1)."""
 MAX_SOCKET_PATH = 107
@@ -94,10 +101,11 @@ def serve(config_file: Path | None = None, socket_path: Path | None = None) -> i
 
 def _signals_outside_the_loop(early_stop: threading.Event) -> None:
     """Before the event loop runs and after it ends, a SIGTERM or SIGINT must still mean "stop
-    cleanly" (`early_stop`), not death by signal, and SIGHUP nothing (as in _run)."""
+    cleanly" (`early_stop`), not death by signal, and the OTHER_SIGNALS nothing (as in _run)."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, lambda *_: early_stop.set())
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    for sig in OTHER_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def _serve(settings: Settings, early_stop: threading.Event) -> int:
@@ -232,8 +240,9 @@ async def _run(daemon: Daemon, listener: Listener, early_stop: threading.Event,
                default_load: concurrent.futures.Future[Voice]) -> int:
     loop = asyncio.get_running_loop()
     notify = Notifier.from_environment(loop)
+    failure: list[str] = []  # why the start failed: systemctl status shows it with the state
     notify(f"STATUS={daemon.state.value}")
-    daemon.on_state.append(lambda state: notify(f"STATUS={state.value}"))
+    daemon.on_state.append(lambda state: notify(f"STATUS={': '.join([state.value, *failure])}"))
     stop, stop_now = asyncio.Event(), asyncio.Event()
 
     def stop_signal() -> None:  # the first asks for a drain, a second to cut it short
@@ -241,7 +250,7 @@ async def _run(daemon: Daemon, listener: Listener, early_stop: threading.Event,
 
     # Until configuration reload exists (SIGHUP), a reload must not kill the daemon.
     signals = LoopSignals(loop, {**dict.fromkeys(STOP_SIGNALS, stop_signal),
-                                 signal.SIGHUP: lambda: log.warning("SIGHUP: reload is not supported yet")})
+                                 **{sig: functools.partial(log.warning, said) for sig, said in OTHER_SIGNALS.items()}})
     if early_stop.is_set():
         stop.set()
 
@@ -261,8 +270,9 @@ async def _run(daemon: Daemon, listener: Listener, early_stop: threading.Event,
     try:
         await asyncio.wait({ready, stopping}, return_when=asyncio.FIRST_COMPLETED)
         if ready.done() and ready.exception() is not None:
-            log.error("the default voice (voices.default = %r) cannot answer: %s",
-                      daemon.settings.voices.default, ready.exception())
+            failure.append(f"the default voice (voices.default = {daemon.settings.voices.default!r}) "
+                           f"cannot answer: {ready.exception()}")
+            log.error("%s", failure[0])
             exit_code = 1
         elif ready.done():
             notify("READY=1")

@@ -183,6 +183,17 @@ def test_sighup_while_the_daemon_exits_does_not_kill_it(tmp_path: Path, bundle_d
     assert not daemon.socket.exists()
 
 
+def test_signals_edged_has_no_use_for_are_logged_not_fatal(tmp_path: Path, bundle_dir: Path) -> None:
+    # SIGUSR1 ("reopen your logs", by habit) killed it, leaving its socket file behind.
+    with Daemon(tmp_path) as daemon:
+        assert daemon.proc is not None
+        for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
+            os.kill(daemon.proc.pid, sig)
+        wait_for(lambda: all(f"{name} " in daemon.log_text() or f"{name}:" in daemon.log_text()
+                             for name in ("SIGUSR1", "SIGUSR2", "SIGHUP")))
+        assert daemon.get("/v1/health").status == 200
+
+
 def test_requests_left_at_the_drain_timeout_are_cancelled_without_error_logs(tmp_path: Path, bundle_dir: Path) -> None:
     daemon = Daemon(tmp_path, "[server]\ndrain_timeout_s = 0.3\n").start()
     daemon.wait_state("READY")
@@ -253,8 +264,27 @@ def test_daemon_exits_non_zero_when_its_default_voice_cannot_load(tmp_path: Path
     for name in json.loads((bundle_dir / "manifest.json").read_text())["files"]:
         (broken / name).write_bytes(b"damaged")  # wrong size: refused by the manifest check
     config = f'[voices]\ndefault = "xx_XX-broken"\nsearch_path = ["{voices}"]\n'
-    daemon = Daemon(tmp_path / "d", config).start()
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify.sock"))
+    daemon = Daemon(tmp_path / "d", config)
+    daemon.log.touch()
+    journal = daemon.log.stat()  # its standard error, as systemd names the journal's stream
+    daemon.env = {**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify.sock"),
+                  "JOURNAL_STREAM": f"{journal.st_dev}:{journal.st_ino}"}
+    daemon.start()
     assert daemon.proc is not None and daemon.proc.wait(60) == 1
+    # Each line carries its priority for journald (else all were filed as info).
+    assert "\n<3>ERROR edged.server: the default voice" in daemon.log_text()
+    assert "\n<6>INFO edged.daemon: state NEW -> LOADING" in "\n" + daemon.log_text()
+    with notify:
+        notify.setblocking(False)
+        statuses = []
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                statuses += [m for m in notify.recv(4096).decode().split("\n") if m.startswith("STATUS=")]
+    # systemctl status shows the last one: the reason, not "STOPPED" alone.
+    assert statuses[-1].startswith("STATUS=STOPPED: the default voice (voices.default = 'xx_XX-broken') "
+                                   "cannot answer: "), statuses
     assert "default voice (voices.default = 'xx_XX-broken') cannot answer" in daemon.log_text()
     assert "wrong size" in daemon.log_text()
     assert daemon.log_text().count("voice failed to load") == 1  # not loaded again for READY
