@@ -23,7 +23,9 @@ class CacheSettings:
     memory_bytes: int = 64 * MiB
     """Cap of the in-memory LRU tier (audio bytes plus a small per-entry overhead)."""
     disk_bytes: int = 1024 * MiB
-    """Cap of the disk tier (diskcache `size_limit`: database pages plus value files)."""
+    """Cap of the disk tier (diskcache `size_limit`: database pages plus value files). SQLite's
+    write-ahead log beside the database is not counted: up to ~4 MB more (its 1,000-page
+    checkpoint), the same whatever the cap."""
     disk: bool = True
     """False runs memory-only (nothing is written to disk)."""
     ttl_seconds: float | None = 7 * DAY
