@@ -120,6 +120,10 @@ class VoiceFacts:
             raise ValueError("edged reads text with espeak-ng only, without vowel clusters; this voice's "
                              f"config asks for phoneme_type {config.get('phoneme_type', 'espeak')!r}"
                              + (" and vowel clusters" if config.get("vowel_clusters") else ""))
+        if config.get("espeak", {}).get("voice") == "ar":  # piper-tts: voice.py, "Arabic diacritization"
+            raise ValueError("edged reads text with espeak-ng only; for an Arabic voice (espeak voice 'ar') "
+                             "Piper first adds the vowel marks with its tashkeel model, which edged does not: "
+                             "the voice would get phonemes other than those it was trained on")
         inference = config.get("inference", {})
         return cls(config["espeak"]["voice"], config["phoneme_id_map"], {
             "noise_scale": float(inference.get("noise_scale", 0.667)),
