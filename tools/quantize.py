@@ -42,7 +42,7 @@ from edged.engine import back_feed, front_feed
 from edged.phonemes import PieceLimits, pieces_ids
 from edged.windows import growing_windows
 
-from .graphs import save_mapped
+from .graphs import audio_rate_nodes, save_mapped
 
 CALIBRATION_TEXT = Path(__file__).with_name("calibration.txt")
 SWEEP_FILE = Path(__file__).with_name("quantize_sweep.json")
@@ -78,8 +78,11 @@ class Variant:
 FLOW = ("/flow/",)
 """The front's normalizing flow (last before the decoder): quantized, it moves the waveform far
 from fp32 (SNR ~4 dB) but not its spectrum (LSD +0.6 dB) nor the noise in pauses."""
-LAST_STAGE = ("/dec/conv_post", "/dec/resblocks.6", "/dec/resblocks.7", "/dec/resblocks.8")
-"""The decoder's layers at the audio rate, where activation rounding is heard as hiss."""
+AUDIO_RATE = "audio-rate"
+"""In keep_fp32: the decoder's layers at the audio rate (graphs.audio_rate_nodes), where activation
+rounding is heard as hiss. Found in the graph: which resblocks they are depends on the voice's
+quality (6-8 in a medium voice, 9-11 in a high one)."""
+LAST_STAGE = (AUDIO_RATE,)
 FRONT_KEEP = ("/dp/", "/enc_p/proj", "/enc_p/encoder/attn")
 """Duration predictor, latent projection and attention: little time, much of the error."""
 
@@ -209,8 +212,7 @@ def quantize_graph(model: onnx.ModelProto, feeds: list[dict], variant: Variant, 
             reduce_range=variant.reduce_range,
             activation_type=QuantType.QInt8 if variant.activations == "s8" else QuantType.QUInt8,
             weight_type=QuantType.QInt8,
-            nodes_to_exclude=[n.name for n in model.graph.node
-                              if any(n.name.startswith(p) for p in variant.keep_fp32)],
+            nodes_to_exclude=_kept_fp32(model.graph, variant.keep_fp32),
             calibrate_method=CalibrationMethod[variant.method],
             calibration_cache_path=cache,
             extra_options={
@@ -225,6 +227,13 @@ def quantize_graph(model: onnx.ModelProto, feeds: list[dict], variant: Variant, 
         # Common-subexpression elimination would merge the dedicated Q/DQ pairs again.
         disabled = ("CommonSubexpressionElimination",) if variant.dedicated_pairs else ()
         return optimize_offline(plain, target, disabled)
+
+
+def _kept_fp32(graph: onnx.GraphProto, keep_fp32: tuple[str, ...]) -> list[str]:
+    """Names of the nodes that `keep_fp32` (name prefixes, or AUDIO_RATE) leaves in fp32."""
+    audio_rate = audio_rate_nodes(graph) if AUDIO_RATE in keep_fp32 else set()
+    prefixes = tuple(p for p in keep_fp32 if p != AUDIO_RATE)
+    return [n.name for n in graph.node if n.name in audio_rate or (prefixes and n.name.startswith(prefixes))]
 
 
 @contextlib.contextmanager
