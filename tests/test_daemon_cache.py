@@ -163,6 +163,8 @@ def test_warm_up_fills_the_cache_and_reports_progress(cached: Daemon) -> None:
     assert message.count("xx_XX-nobody") == 1
     nothing = cached.request("POST", "/v1/cache/warm", '["fine", "\\u0000"]')  # refused now, not failed later
     assert nothing.status == 400 and nothing.json()["error"]["message"] == "phrase 1: field 'text' is empty"
+    aside = cached.request("POST", "/v1/cache/warm?voice=xx_XX-nobody", '["fine"]')  # not ignored: refused
+    assert aside.status == 400 and "query" in aside.json()["error"]["message"]
 
 
 def test_a_request_for_a_phrase_being_warmed_does_not_wait_behind_live_work(cached: Daemon) -> None:
