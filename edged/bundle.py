@@ -59,8 +59,9 @@ class Streaming:
     within noise (0.775 against 0.771x Piper's; with the flow in the front, a window's context is
     only 12 frames). tools.bench, which reports both."""
     context: int = 12
-    """Frames of context given to the decoder on each side of a window. Its receptive field is
-    small: 12 kept the joins exact (126 dB SNR against one whole decode), 8 gave 63 dB."""
+    """Frames of context given to the decoder on each side of a window: its receptive field,
+    rounded up (tools.graphs.context_frames; 12 for a medium voice). 12 kept the joins exact (126
+    dB SNR against one whole decode), 8 gave 63 dB."""
     fixed_window: int = 64
     """Window of the fixed-shape mode (input is always fixed_window + 2 * context frames)."""
 

@@ -8,6 +8,7 @@ import onnx
 import onnx.numpy_helper
 import pytest
 
+from edged.bundle import Streaming
 from tools import graphs
 
 
@@ -87,6 +88,16 @@ def test_the_audio_rate_layers_are_found_in_the_graph_not_by_name(source: onnx.M
     graph = h.make_graph(nodes, "high", [h.make_tensor_value_info("latents", onnx.TensorProto.FLOAT, [1, 4, "t"])],
                          [h.make_tensor_value_info("c3", onnx.TensorProto.FLOAT, [1, 4, "s"])], weights)
     assert graphs.audio_rate_nodes(graph) == {"up3", "c3"}
+    # Its receptive field: each stage adds its kernels' reach at its rate (2.81 frames back).
+    assert graphs.context_frames(graph) == 3
+
+
+def test_the_context_of_windows_is_the_decoders_receptive_field(source: onnx.ModelProto) -> None:
+    # Measured for this voice as 12 frames (exact joins; tests/test_engine.py checks them); a voice
+    # with wider layers gets what its decoder needs, where it used to get 12 too.
+    _, back = graphs.split_voice(source)
+    assert graphs.context_frames(back.graph) == Streaming().context == 12
+    assert graphs.context_frames(graphs.mask_padding(back).graph) == 12
 
 
 def test_a_back_graph_whose_rates_cannot_be_followed_is_refused(source: onnx.ModelProto) -> None:

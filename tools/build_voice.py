@@ -9,6 +9,7 @@ same input gives the same files.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import importlib.metadata
 import json
@@ -124,6 +125,8 @@ def build(model_path: Path, config_path: Path, out_root: Path, version: str) -> 
         progress.step(f"cutting {model_path.name} into front, back and back_fixed")
         front, back = graphs.split_voice(onnx.load(str(model_path)))
         cut = {"front": front, "back": back, "back_fixed": graphs.mask_padding(back)}
+        # Windows get the context this decoder needs (its receptive field), whatever its layers.
+        facts = dataclasses.replace(facts, streaming=Streaming(context=graphs.context_frames(back.graph)))
         files: list[str] = []
         graph_files: dict[str, dict[str, str]] = {"fp32": {}, "int8": {}}
         with tempfile.TemporaryDirectory() as raw_dir:
@@ -162,7 +165,7 @@ def build(model_path: Path, config_path: Path, out_root: Path, version: str) -> 
             graphs=graph_files,
             files={name: file_digest(staging / name) for name in sorted(files)},
             weights=weights,
-            streaming=Streaming(),
+            streaming=facts.streaming,
             default_precision=report["int8"]["default_precision"],
             report=report,
             build=build_key(model_path, config_path, version),
