@@ -242,7 +242,7 @@ async def _run(daemon: Daemon, listener: Listener, early_stop: threading.Event,
     notify = Notifier.from_environment(loop)
     failure: list[str] = []  # why the start failed: systemctl status shows it with the state
     notify(f"STATUS={daemon.state.value}")
-    daemon.on_state.append(lambda state: notify(f"STATUS={': '.join([state.value, *failure])}"))
+    daemon.on_state.append(lambda state: notify("STATUS=" + ": ".join([state.value, *failure]).replace("\n", " ")))
     stop, stop_now = asyncio.Event(), asyncio.Event()
 
     def stop_signal() -> None:  # the first asks for a drain, a second to cut it short
