@@ -185,24 +185,22 @@ class App:
         """Refuse the phrases now if one names a voice that is not installed (else each of them
         failed later, one by one). Faults are named by phrase, as the body's others are (edgectl
         turns the first into a line of its file); every unknown voice is named at once."""
-        unknown: dict[str, tuple[int, UnknownVoice]] = {}
-        checked: set[str] = set()
+        first_phrase: dict[str, int] = {}  # each voice named, and the first phrase naming it
         for i, phrase in enumerate(phrases):
-            name = phrase.voice or self.settings.voices.default
-            if name in checked:
-                continue
-            checked.add(name)
+            first_phrase.setdefault(phrase.voice or self.settings.voices.default, i)
+        unknown: list[tuple[int, str, UnknownVoice]] = []
+        for name, i in first_phrase.items():
             try:
                 self.daemon.registry.info(name)
             except UnknownVoice as exc:
-                unknown[name] = (i, exc)
+                unknown.append((i, name, exc))
             except EdgedError as exc:  # a bundle that cannot be read
                 raise type(exc)(f"phrase {i}: {exc}") from None
         if unknown:
-            (first, error), *others = unknown.values()
-            also = ", ".join(f"{name[:100]!r} (phrase {i})" for name, (i, _) in list(unknown.items())[1:6])
+            (i, _, error), *others = unknown
+            also = ", ".join(f"{name[:100]!r} (phrase {j})" for j, name, _ in others[:5])
             more = f" and {len(others) - 5} more" if len(others) > 5 else ""
-            raise UnknownVoice(f"phrase {first}: {error}" + (f"; also unknown: {also}{more}" if others else ""))
+            raise UnknownVoice(f"phrase {i}: {error}" + (f"; also unknown: {also}{more}" if others else ""))
 
     def _cache_service(self) -> CacheService:
         service = self.daemon.cache

@@ -242,10 +242,11 @@ def _cache_clear(args: argparse.Namespace) -> int:
 
 
 def _cache_warm(args: argparse.Namespace) -> int:
-    if str(args.file) == "-" and sys.stdin is None:  # started with it closed (<&-)
+    from_stdin = str(args.file) == "-"
+    if from_stdin and sys.stdin is None:  # started with it closed (<&-)
         raise InputError("standard input is closed")
     try:  # bytes, whatever the locale: UTF-8 (a byte order mark is dropped by parse_phrase_lines)
-        with sys.stdin.buffer if str(args.file) == "-" else args.file.open("rb") as stream:
+        with sys.stdin.buffer if from_stdin else args.file.open("rb") as stream:
             raw = stream.read(MAX_WARM_FILE_BYTES + 1)  # /dev/zero or `yes` would fill memory
         if len(raw) > MAX_WARM_FILE_BYTES:
             raise ValueError(f"over {MAX_WARM_FILE_BYTES} bytes")

@@ -209,10 +209,9 @@ def load_settings(config_file: Path | None = None, socket_path: Path | None = No
         except RecursionError:  # tomllib recurses per level of nesting: [[[[...]]]] of 1 kB
             raise ConfigError(f"{config_file}: not valid TOML: nested too deeply") from None
     settings = build(Settings, data, "")
-    # Given where the daemon is started, a relative path means the directory it is started in.
-    if env.get("EDGED_SOCKET"):
-        settings = override(settings, "server.socket", os.path.abspath(Path(env["EDGED_SOCKET"]).expanduser()))
-    if socket_path is not None:
+    if socket_path is None and env.get("EDGED_SOCKET"):
+        socket_path = Path(env["EDGED_SOCKET"])
+    if socket_path is not None:  # given where it starts: relative to the directory it starts in
         settings = override(settings, "server.socket", os.path.abspath(socket_path.expanduser()))
     return settings
 
@@ -353,10 +352,9 @@ def check(settings: Settings) -> None:
         if not Path(entry).expanduser().is_absolute():
             raise ConfigError(f"voices.search_path entry {entry!r} must be an absolute path")
     # Relative would mean relative to wherever the daemon started: / under systemd.
-    if settings.cache.directory is not None and not Path(settings.cache.directory).expanduser().is_absolute():
-        raise ConfigError(f"cache.directory {str(settings.cache.directory)!r} must be an absolute path")
-    if settings.server.socket and not Path(settings.server.socket).expanduser().is_absolute():
-        raise ConfigError(f"server.socket {settings.server.socket!r} must be an absolute path")
+    for name, path in (("cache.directory", settings.cache.directory), ("server.socket", settings.server.socket)):
+        if path and not Path(path).expanduser().is_absolute():
+            raise ConfigError(f"{name} {str(path)!r} must be an absolute path")
     if not 0o001 <= settings.server.socket_mode <= 0o777:
         raise ConfigError("server.socket_mode must be a file mode between 0o001 and 0o777")
     if settings.voices.precision not in ("", "fp32", "int8"):

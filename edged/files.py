@@ -29,3 +29,10 @@ def read_regular_file(path: str | Path, max_bytes: int, *, follow_symlinks: bool
         return data
     finally:
         os.close(fd)
+
+
+def identity(path: str | Path) -> tuple[int, int]:
+    """(device, inode) of the file at `path`: a file put there since (the old one replaced, or its
+    directory removed and made again) has another. OSError as os.stat raises it."""
+    info = os.stat(path)
+    return info.st_dev, info.st_ino

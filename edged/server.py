@@ -34,6 +34,7 @@ from .admin import admin_group_missing
 from .config import Settings, load_settings, socket_path
 from .daemon import Daemon, State
 from .errors import AlreadyRunning, ConfigError
+from .files import identity
 from .loopsignals import LoopSignals
 from .sdnotify import Notifier, start_watchdog
 
@@ -65,23 +66,18 @@ class Listener:
     """The socket file we created and must remove; None when systemd owns the socket."""
     lock: IO[str] | None = None
     """Held (flock) for the daemon's life: a second daemon on the same path sees it and stops."""
-    identity: tuple[int, int] | None = None
-    """(device, inode) of the socket file as bound."""
+    bound: tuple[int, int] | None = None
+    """(device, inode) of the socket file as bound (files.identity)."""
 
     def close(self) -> None:
         self.sock.close()
         # Only if the file there is still ours: with its directory removed and made again, another
         # daemon may have bound the path since (and would be cut off from its clients).
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-            if self.path is not None and _identity(self.path) == self.identity:
+            if self.path is not None and identity(self.path) == self.bound:
                 self.path.unlink()
         if self.lock is not None:
             self.lock.close()
-
-
-def _identity(path: Path) -> tuple[int, int]:
-    info = os.lstat(path)
-    return info.st_dev, info.st_ino
 
 
 def serve(config_file: Path | None = None, socket_path: Path | None = None) -> int:
@@ -175,7 +171,7 @@ def open_listener(settings: Settings) -> Listener:
             os.umask(old_umask)
         os.chmod(path, settings.server.socket_mode)
         sock.listen(BACKLOG)
-        identity = _identity(path)
+        bound = identity(path)
     except OSError as exc:  # a directory we may not write in (its lock file left by root), ...
         lock.close()
         raise ConfigError(f"cannot use socket {path}: {exc.strerror or exc}") from None
@@ -183,7 +179,7 @@ def open_listener(settings: Settings) -> Listener:
         lock.close()
         raise
     log.info("listening on %s", path)
-    return Listener(sock, path, lock, identity)
+    return Listener(sock, path, lock, bound)
 
 
 def _open_lock(path: Path) -> IO[str]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -126,15 +127,14 @@ def context_frames(back: onnx.GraphProto) -> int:
     en_US-joe-medium: 12). Found by walking the graph, as the rates are: each convolution widens
     what a sample depends on by its kernel's reach at its rate, an elementwise op by its widest input."""
     rates = _rates(back)
-    constants = {i.name for i in back.initializer} | {FRAME_MASK}
-    reach: dict[str, tuple[float, float]] = {i.name: (0.0, 0.0) for i in back.input if i.name not in constants}
+    reach: dict[str, tuple[float, float]] = {name: (0.0, 0.0) for name in _latent_inputs(back)}
     for node in back.node:
         found = [reach[t] for t in node.input if t in reach]
         if not found:
             continue
         behind, ahead = max(b for b, _ in found), max(a for _, a in found)
         if node.op_type in CONVS:
-            a = {attr.name: onnx.helper.get_attribute_value(attr) for attr in node.attribute}
+            a = _attributes(node)
             (kernel,), (dilation,) = a["kernel_shape"], a.get("dilations", [1])
             span, pad, rate = dilation * (kernel - 1), a.get("pads", [0, 0])[0], rates[node.input[0]] or 1
             if node.op_type == "Conv":  # output sample j reads inputs j - pad ... j - pad + span
@@ -157,8 +157,7 @@ def audio_rate_nodes(back: onnx.GraphProto) -> set[str]:
 def _rates(graph: onnx.GraphProto) -> dict[str, int | None]:
     """Samples per frame of every tensor computed from the decoder's latent frames (None: not
     followed). The frame mask of back_fixed is taken as a constant: it keeps lengths."""
-    constants = {i.name for i in graph.initializer} | {FRAME_MASK}
-    rates: dict[str, int | None] = {i.name: 1 for i in graph.input if i.name not in constants}
+    rates: dict[str, int | None] = dict.fromkeys(_latent_inputs(graph), 1)
     for node in graph.node:
         found = [rates[t] for t in node.input if t in rates]
         if not found:
@@ -174,11 +173,18 @@ def _rates(graph: onnx.GraphProto) -> dict[str, int | None]:
     return rates
 
 
+def _latent_inputs(graph: onnx.GraphProto) -> list[str]:
+    """The inputs the decoder's tensors are computed from: not its weights, nor back_fixed's frame
+    mask (taken as a constant: it keeps lengths)."""
+    constants = {i.name for i in graph.initializer} | {FRAME_MASK}
+    return [i.name for i in graph.input if i.name not in constants]
+
+
 def _stride(node: onnx.NodeProto) -> int:
     """How many samples of output a Conv or ConvTranspose makes of one of input: 1 or its stride.
 
     CutError unless its output has exactly that many per input sample (lengths frames x rate)."""
-    a = {attr.name: onnx.helper.get_attribute_value(attr) for attr in node.attribute}
+    a = _attributes(node)
     if (len(a.get("kernel_shape", [])) != 1 or a.get("auto_pad", b"NOTSET") != b"NOTSET"
             or "output_shape" in a):
         raise CutError(f"{node.name}: not a 1-D convolution with its kernel and pads given")
@@ -191,6 +197,10 @@ def _stride(node: onnx.NodeProto) -> int:
     if not keeps:
         raise CutError(f"{node.name}: its output is not its input's length times its stride")
     return stride
+
+
+def _attributes(node: onnx.NodeProto) -> dict[str, Any]:
+    return {attr.name: onnx.helper.get_attribute_value(attr) for attr in node.attribute}
 
 
 def _rate_masks(graph: onnx.GraphProto, rates: set[int]) -> list[onnx.NodeProto]:

@@ -233,7 +233,7 @@ def _kept_fp32(graph: onnx.GraphProto, keep_fp32: tuple[str, ...]) -> list[str]:
     """Names of the nodes that `keep_fp32` (name prefixes, or AUDIO_RATE) leaves in fp32."""
     audio_rate = audio_rate_nodes(graph) if AUDIO_RATE in keep_fp32 else set()
     prefixes = tuple(p for p in keep_fp32 if p != AUDIO_RATE)
-    return [n.name for n in graph.node if n.name in audio_rate or (prefixes and n.name.startswith(prefixes))]
+    return [n.name for n in graph.node if n.name in audio_rate or n.name.startswith(prefixes)]
 
 
 @contextlib.contextmanager

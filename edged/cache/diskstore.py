@@ -39,6 +39,7 @@ from typing import Literal
 
 import diskcache  # type: ignore[import-untyped]  # no type hints in 5.6.3
 
+from ..files import identity
 from . import faults, record
 from .generations import ALL, Generations
 from .layout import DBNAME, Layout, is_value_dir, own_private_dir
@@ -181,7 +182,7 @@ class DiskStore:
             db.executemany(RAISE_GENERATION, known)
             self._generations.saved(known)
             self.volume, self.count = cache.volume(), len(cache)
-            self._db_file = self._db_identity()
+            self._db_file = identity(self.directory / DBNAME)
         except BaseException:
             if db is not None:
                 db.close()
@@ -262,15 +263,11 @@ class DiskStore:
 
     def _replaced(self) -> bool:
         try:
-            return self._db_identity() != self._db_file
+            return identity(self.directory / DBNAME) != self._db_file
         except (FileNotFoundError, NotADirectoryError):
             return True
         except OSError:  # cannot tell (a failing disk): the writes' own errors will say
             return False
-
-    def _db_identity(self) -> tuple[int, int]:
-        info = os.stat(self.directory / DBNAME)
-        return info.st_dev, info.st_ino
 
     def _repair_if_needed(self) -> None:
         if self.state == "ok" and self.needs_repair:
