@@ -112,6 +112,14 @@ class Notifier:
             log.warning("sd_notify failed: %s (not logged again for this error)", reason)
 
 
+def notify_once(message: str) -> None:
+    """Send one message now, without an event loop (a start that fails before the loop runs).
+    A notification line ends at a newline: the message is kept to one."""
+    notifier = Notifier.from_environment()
+    notifier(message.replace("\n", " "))
+    notifier.close()
+
+
 def start_watchdog(loop: asyncio.AbstractEventLoop, notify: Callable[[str], None]) -> Callable[[], None]:
     """WATCHDOG=1 at half of systemd's interval, sent from the event loop (a stuck loop misses it).
     Returns the function that stops it."""

@@ -33,10 +33,10 @@ from typing import IO, TYPE_CHECKING
 from .admin import admin_group_missing
 from .config import Settings, load_settings, socket_path
 from .daemon import Daemon, State
-from .errors import AlreadyRunning, ConfigError
+from .errors import AlreadyRunning, ConfigError, EdgedError
 from .files import identity
 from .loopsignals import LoopSignals
-from .sdnotify import Notifier, start_watchdog
+from .sdnotify import Notifier, notify_once, start_watchdog
 
 if TYPE_CHECKING:
     from .engine import Voice
@@ -81,12 +81,15 @@ class Listener:
 
 
 def serve(config_file: Path | None = None, socket_path: Path | None = None) -> int:
-    # Read before the handlers below: a config that never ends (a FIFO) can still be stopped.
-    settings = load_settings(config_file, socket_path)
-    early_stop = threading.Event()
-    _signals_outside_the_loop(early_stop)
     try:
+        # Read before the handlers below: a config that never ends (a FIFO) can still be stopped.
+        settings = load_settings(config_file, socket_path)
+        early_stop = threading.Event()
+        _signals_outside_the_loop(early_stop)
         return _serve(settings, early_stop)
+    except EdgedError as exc:  # before the event loop ran: a bad config, a socket in use, an unknown voice
+        notify_once(f"STATUS=STOPPED: {exc}")  # systemctl status shows why, as for _run's failures
+        raise
     finally:
         # The stop is done. CPython sets its handlers back to the default as the interpreter
         # shuts down (~0.1 s more here), where a second stop signal would then kill the process:

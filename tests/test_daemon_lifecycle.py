@@ -276,13 +276,8 @@ def test_daemon_exits_non_zero_when_its_default_voice_cannot_load(tmp_path: Path
     # Each line carries its priority for journald (else all were filed as info).
     assert "\n<3>ERROR edged.server: the default voice" in daemon.log_text()
     assert "\n<6>INFO edged.daemon: state NEW -> LOADING" in "\n" + daemon.log_text()
-    with notify:
-        notify.setblocking(False)
-        statuses = []
-        with contextlib.suppress(BlockingIOError):
-            while True:
-                statuses += [m for m in notify.recv(4096).decode().split("\n") if m.startswith("STATUS=")]
     # systemctl status shows the last one: the reason, not "STOPPED" alone.
+    statuses = _statuses_sent(notify)
     assert statuses[-1].startswith("STATUS=STOPPED: the default voice (voices.default = 'xx_XX-broken') "
                                    "cannot answer: "), statuses
     assert "default voice (voices.default = 'xx_XX-broken') cannot answer" in daemon.log_text()
@@ -290,9 +285,35 @@ def test_daemon_exits_non_zero_when_its_default_voice_cannot_load(tmp_path: Path
     assert daemon.log_text().count("voice failed to load") == 1  # not loaded again for READY
     assert not daemon.socket.exists()
 
-    missing = Daemon(tmp_path / "m", '[voices]\ndefault = "xx_XX-nobody"\n').start()
-    assert missing.proc is not None and missing.proc.wait(60) == 2
-    assert "unknown voice 'xx_XX-nobody'" in missing.log_text()
+
+def test_a_start_that_fails_before_serving_says_why_to_systemd(tmp_path: Path) -> None:
+    # Refused before the event loop runs: an unknown default voice (the commonest failed start,
+    # a typo) and a bad setting. Each exits 2 and leaves its reason as the last STATUS=.
+    for name, config, reason in [
+        ("missing", '[voices]\ndefault = "xx_XX-nobody"\n', "STATUS=STOPPED: unknown voice 'xx_XX-nobody'"),
+        ("config", '[server]\nmax_connections = "many"\n', "STATUS=STOPPED: "),
+    ]:
+        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        notify.bind(str(tmp_path / f"{name}.notify"))
+        daemon = Daemon(tmp_path / name, config)
+        daemon.env = {**os.environ, "NOTIFY_SOCKET": str(tmp_path / f"{name}.notify")}
+        daemon.start()
+        assert daemon.proc is not None and daemon.proc.wait(60) == 2
+        statuses = _statuses_sent(notify)
+        assert statuses and statuses[-1].startswith(reason), statuses
+        assert "\n" not in statuses[-1]
+        assert statuses[-1].removeprefix("STATUS=STOPPED: ") in daemon.log_text()
+
+
+def _statuses_sent(notify: socket.socket) -> list[str]:
+    """The STATUS= lines of every notification waiting on `notify` (which is closed after)."""
+    statuses = []
+    with notify:
+        notify.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                statuses += [m for m in notify.recv(4096).decode().split("\n") if m.startswith("STATUS=")]
+    return statuses
 
 
 def test_systemd_notify_ready_watchdog_and_stopping(tmp_path: Path, bundle_dir: Path) -> None:
