@@ -17,6 +17,7 @@ from dataclasses import asdict
 
 from .admin import require_admin
 from .asgi import (
+    REFUSED_STATUS,
     ClientGone,
     Receive,
     Scope,
@@ -123,7 +124,7 @@ class App:
             else:
                 await handler(scope, receive, tracked_send)
         except ClientGone:
-            status = 499  # nginx's "client closed request", for the metrics only
+            status = scope.get(REFUSED_STATUS, 499)  # 499: nginx's "client closed request", for the metrics only
         except EdgedError as error:
             await send_error(tracked_send, error, self.settings.server.retry_after_s)
         except asyncio.CancelledError:  # the drain timeout ran out: the daemon is stopping

@@ -24,6 +24,12 @@ class ClientGone(Exception):
     """The client went away: before its request was read, or while its answer streamed."""
 
 
+REFUSED_STATUS = "edged.refused_status"
+"""Scope key: the status the HTTP layer answered a request with, and closed, because its body
+could not be read (a broken chunk). The app, reading that body, then sees a hang-up: it counts
+the request with this status, not as one whose client left."""
+
+
 def header(scope: Scope, name: bytes) -> bytes | None:
     for key, value in scope["headers"]:
         if key == name:

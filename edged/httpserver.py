@@ -23,7 +23,7 @@ from uvicorn.server import ServerState
 
 from .admin import peer_of
 from .app import App
-from .asgi import error_json
+from .asgi import REFUSED_STATUS, error_json
 from .daemon import Daemon
 from .errors import BadInput, EdgedError, HeadersTooLarge
 from .metrics import Metrics
@@ -191,7 +191,11 @@ class EdgedProtocol(HttpToolsProtocol):
         if any(cycle.response_started for cycle in self._running_cycles()):  # never inside an answer
             self.transport.close()
             return
-        self.metrics.count_request("other", error.http_status)  # no route: the request is unreadable
+        reading = self.cycle
+        if reading is not None and not reading.response_complete:  # its app counts it, with this status
+            reading.scope[REFUSED_STATUS] = error.http_status
+        else:
+            self.metrics.count_request("other", error.http_status)  # no route: the request is unreadable
         body = json.dumps(error_json(error)).encode()
         status = HTTPStatus(error.http_status)
         self.transport.write(

@@ -288,20 +288,31 @@ def test_complete_headers_over_the_limit_are_refused_and_under_it_served(daemon:
         assert status == expected, filler
 
 
-@pytest.mark.parametrize("request_bytes", [
-    b"GARBAGE\r\n\r\n",
-    b"GET /v1/health HTTP/1.1\r\nHost x\r\n\r\n",
-    b"POST /v1/synthesize HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
-    b"POST /v1/synthesize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+CHUNKED_SYNTHESIZE = b"POST /v1/synthesize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+@pytest.mark.parametrize(("request_bytes", "route"), [
+    (b"GARBAGE\r\n\r\n", "other"),
+    (b"GET /v1/health HTTP/1.1\r\nHost x\r\n\r\n", "other"),
+    (b"POST /v1/synthesize HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", "other"),
+    # Headers read, the body broken: counted once, under its route (it was also counted as a 499,
+    # a client that left, by the app that was reading the body).
+    (CHUNKED_SYNTHESIZE + b"zz\r\n", "/v1/synthesize"),
+    (CHUNKED_SYNTHESIZE + b'5\r\n{"tex\r\nZZZ\r\n', "/v1/synthesize"),
 ])
-def test_requests_the_parser_rejects_get_a_json_400(daemon: Daemon, request_bytes: bytes) -> None:
-    counted_before = _requests_counted(daemon, "other", 400)
+def test_requests_the_parser_rejects_get_a_json_400(daemon: Daemon, request_bytes: bytes, route: str) -> None:
+    counted_before = {key: _requests_counted(daemon, *key) for key in [(route, 400), ("/v1/synthesize", 499)]}
     with daemon.connect() as sock:
         sock.sendall(request_bytes)
         status, body = read_head(sock)
         assert status == 400 and json.loads(body)["error"]["code"] == "bad_request"
         assert sock.recv(1024) == b""
-    assert _requests_counted(daemon, "other", 400) == counted_before + 1
+    deadline = time.monotonic() + 10  # the app counts once it has seen the close
+    while _requests_counted(daemon, route, 400) == counted_before[(route, 400)] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    counted = {key: _requests_counted(daemon, *key) for key in counted_before}
+    assert counted == {(route, 400): counted_before[(route, 400)] + 1,
+                       ("/v1/synthesize", 499): counted_before[("/v1/synthesize", 499)]}
 
 
 @pytest.mark.parametrize(("header", "status", "code"), [
