@@ -113,7 +113,7 @@ def synthesize_body(data: dict[str, Any], max_text_chars: int) -> SynthesizeBody
 
 
 def speech_body(data: dict[str, Any], max_text_chars: int) -> SpeechBody:
-    voice = _optional_str(data, "voice")
+    voice = _openai_voice(data)
     if voice is None:  # (required here: OpenAI's API has no default voice)
         raise BadInput("field 'voice' is empty" if data.get("voice") == "" else "missing field 'voice'")
     if _given(data, "stream_format", "audio") != "audio":  # it would change the answer's shape
@@ -125,6 +125,18 @@ def speech_body(data: dict[str, Any], max_text_chars: int) -> SpeechBody:
         speed=_speed(data),
         response_format=_format(data, "response_format"),
     )
+
+
+def _openai_voice(data: dict[str, Any]) -> str | None:
+    """OpenAI's voice: a name, or a custom voice given as {"id": "..."} (its SDKs take both)."""
+    given = data.get("voice")
+    if not isinstance(given, dict):
+        return _optional_str(data, "voice")
+    if set(given) != {"id"} or not isinstance(given["id"], str):
+        raise BadInput("field 'voice' must be a string or {\"id\": string}")
+    if not given["id"]:
+        raise BadInput("field 'voice' is empty")
+    return str(given["id"])
 
 
 def _no_unknown(data: dict[str, Any], known: tuple[str, ...]) -> None:

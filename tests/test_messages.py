@@ -20,3 +20,13 @@ def test_an_empty_openai_voice_is_called_empty_not_missing() -> None:
         speech_body({"input": "Hi.", "voice": ""}, 100)
     with pytest.raises(BadInput, match="missing field 'voice'"):
         speech_body({"input": "Hi."}, 100)
+
+
+def test_an_openai_voice_may_be_a_custom_voice_object() -> None:
+    # OpenAI's SDKs send a custom voice as {"id": ...}; it was "field 'voice' must be a string".
+    assert speech_body({"input": "Hi.", "voice": {"id": "en_US-joe-medium"}}, 100).voice == "en_US-joe-medium"
+    for bad in [{"id": 3}, {"name": "x"}, {"id": "x", "extra": 1}, {}, [], 3]:
+        with pytest.raises(BadInput, match="field 'voice' must be a string"):
+            speech_body({"input": "Hi.", "voice": bad}, 100)
+    with pytest.raises(BadInput, match="field 'voice' is empty"):
+        speech_body({"input": "Hi.", "voice": {"id": ""}}, 100)
