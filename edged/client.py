@@ -369,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     clear.add_argument("--tag", help="only audio requested with this tag (with --voice: of that voice)")
     clear.set_defaults(run=_cache_clear)
     warm = cache_commands.add_parser("warm", help="synthesize the phrases of FILE that are not cached yet")
-    warm.add_argument("file", type=Path, help="a phrase a line (or voice<TAB>text); - for stdin")
+    warm.add_argument("file", type=Path, help="a phrase a line (or voice<TAB>text; # starts a comment line); - for stdin")
     warm.set_defaults(run=_cache_warm)
     return parser
 

@@ -167,8 +167,8 @@ class CacheConfig(CacheSettings):
     enabled: bool = True
     """False: every request is synthesized (no cache is opened)."""
     warm_file: str = ""
-    """A phrase list (one a line, optionally "voice<TAB>text") synthesized at start-up, at low
-    priority, for phrases not cached yet; empty: none."""
+    """A phrase list (one a line, optionally "voice<TAB>text"; # starts a comment line) synthesized
+    at start-up, at low priority, for phrases not cached yet; empty: none."""
 
 
 @dataclass

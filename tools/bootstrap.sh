@@ -35,6 +35,14 @@ build_voice() {
     .venv/bin/python -m tools.build_voice --if-stale
 }
 
+case "${1:-demo}" in
+    demo|test) ;;
+    *)
+        echo "usage: $0 demo|test [pytest arguments]" >&2  # before minutes of installing
+        exit 2
+        ;;
+esac
+
 install_system
 install_python
 build_voice
@@ -46,9 +54,5 @@ case "${1:-demo}" in
     test)
         shift || true
         exec .venv/bin/python -m pytest -q "$@"
-        ;;
-    *)
-        echo "usage: $0 demo|test" >&2
-        exit 2
         ;;
 esac
