@@ -139,15 +139,26 @@ class DiskStore:
         if any(self.layout.corrupt.glob("trash-*")):
             self.needs_repair = True
 
-    def _shrink_to_limit(self) -> None:
-        """Evict down to `disk_bytes` now: after the limit was lowered, diskcache alone evicts
-        ten entries per write (none while every request is a hit)."""
-        assert self._cache is not None
+    def _shrink_to_limit(self, keep: str | None = None) -> None:
+        """Evict by the policy, one entry at a time, down to `disk_bytes`; never `keep`, the entry
+        just stored. (diskcache's own culling is off: at each write over the cap it dropped the
+        ten entries first in line, which with a few long phrases were all of them, the new one too.)"""
+        assert self._cache is not None and self._db is not None
+        cache, db = self._cache, self._db
+        order = diskcache.core.EVICTION_POLICY[self.policy]["cull"]
         try:
-            self.stats.evictions += self._cache.cull()
+            if cache.volume() > self.settings.disk_bytes:
+                self.stats.evictions += cache.expire()
+            while order is not None and cache.volume() > self.settings.disk_bytes:
+                with self._db_lock:
+                    first = db.execute(order.format(fields="key", now=time.time()), (2,)).fetchall()
+                victim = next((key for (key,) in first if key != keep), None)
+                if victim is None:
+                    break
+                self.stats.evictions += int(cache.delete(victim))
         except (OSError, sqlite3.Error, diskcache.Timeout) as error:
             self._log_once("cull", "cache could not evict down to its size limit: %s", error)
-        self._refresh_volume(self._cache)
+        self._refresh_volume(cache)
 
     def retry_open(self) -> None:
         """Open again a tier left off (full disk: SQLite cannot even create its WAL), at most
@@ -164,7 +175,7 @@ class DiskStore:
         self._forget_stored_settings()
         cache = diskcache.Cache(
             str(self.directory), timeout=self.settings.disk_timeout_seconds, disk=RawDisk,
-            size_limit=self.settings.disk_bytes, eviction_policy=self.policy,
+            size_limit=self.settings.disk_bytes, eviction_policy=self.policy, cull_limit=0,
             statistics=False, tag_index=True,
         )
         cache.disk.max_value_bytes = self.settings.max_entry_bytes + record.MAX_OVERHEAD
@@ -375,19 +386,14 @@ class DiskStore:
         meta = entry.meta
         disk: RawDisk = cache.disk
         try:
-            with cache.transact():
-                before = len(cache)
-                existed = meta.key in cache
-                cache.set(meta.key, record.encode(record.checksummed(entry)), expire=expire,
-                          tag=voice_tag(meta.voice, meta.version))
-                after = len(cache)
+            cache.set(meta.key, record.encode(record.checksummed(entry)), expire=expire,
+                      tag=voice_tag(meta.voice, meta.version))
             disk.saved()
         except (OSError, sqlite3.Error, diskcache.Timeout) as error:
             disk.discard_unsaved()
             self._store_failed(error)
             return False
-        self.stats.evictions += max(0, before + (0 if existed else 1) - after)
-        self._refresh_volume(cache)
+        self._shrink_to_limit(keep=meta.key)
         if self.state == "paused":
             self.state = "ok"
             self._resume_writes()
