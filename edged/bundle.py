@@ -42,6 +42,9 @@ at 2 a sentence has up to ~5 times its frames at the default."""
 MAX_PHONEME_ID = 1 << 16
 """Piper's voices have a few hundred phoneme ids; an id past the front graph's embedding table is
 caught when the graph runs (BundleError), this bound keeps absurd ones out of int64 arrays."""
+MAX_IDS_PER_PHONEME = 8
+"""Piper's voices give each phoneme one id; a list of thousands (a damaged map) made one request
+take seconds and gigabytes."""
 MAX_FRAMES = 4096
 """Largest window or context a manifest may ask for (~47 s of audio; memory grows with it)."""
 
@@ -110,12 +113,7 @@ class Manifest:
         _require(_is_int(self.sample_rate) and 8000 <= self.sample_rate <= 192_000,
                  "sample_rate must be a whole number of Hz between 8000 and 192000")
         _require(_is_int(self.hop_length) and 1 <= self.hop_length <= 4096, "hop_length must be between 1 and 4096")
-        _require(isinstance(self.phoneme_id_map, dict) and all(
-            isinstance(ids, list) and ids and all(_is_int(i) and 0 <= i < MAX_PHONEME_ID for i in ids)
-            for ids in self.phoneme_id_map.values()), f"phoneme_id_map must map phonemes to lists of ids "
-            f"under {MAX_PHONEME_ID}")
-        _require(all(p in self.phoneme_id_map for p in PIPER_MARKERS),
-                 f"phoneme_id_map lacks one of Piper's markers {PIPER_MARKERS}")
+        check_phoneme_id_map(self.phoneme_id_map)
         _require(isinstance(self.inference, dict) and all(
             isinstance(self.inference.get(k), (int, float)) and not isinstance(self.inference[k], bool)
             and 0 <= self.inference[k] <= limit
@@ -172,6 +170,17 @@ class Manifest:
             return cls(**fields)
         except (TypeError, BundleError) as exc:
             raise BundleError(f"malformed manifest: {exc}") from None
+
+
+def check_phoneme_id_map(id_map: object) -> None:
+    """BundleError unless `id_map` maps phonemes to short lists of ids and has Piper's markers."""
+    _require(isinstance(id_map, dict) and all(
+        isinstance(ids, list) and 1 <= len(ids) <= MAX_IDS_PER_PHONEME
+        and all(_is_int(i) and 0 <= i < MAX_PHONEME_ID for i in ids)
+        for ids in id_map.values()), f"phoneme_id_map must map phonemes to lists of 1 to "
+        f"{MAX_IDS_PER_PHONEME} ids under {MAX_PHONEME_ID}")
+    _require(all(p in id_map for p in PIPER_MARKERS),  # type: ignore[operator]
+             f"phoneme_id_map lacks one of Piper's markers {PIPER_MARKERS}")
 
 
 def file_digest(path: Path) -> dict[str, Any]:

@@ -225,6 +225,8 @@ MANIFEST_DAMAGE = {
     "hop length 0": (lambda m: m.update(hop_length=0), "hop_length"),
     "id map without Piper's markers": (lambda m: m.update(phoneme_id_map={"a": [5]}), "markers"),
     "phoneme id past any table": (lambda m: m["phoneme_id_map"].update({"a": [2**64]}), "ids under"),
+    # 3,000 ids for one phoneme: a request took seconds and 1.5 GB.
+    "phoneme id list thousands long": (lambda m: m["phoneme_id_map"].update({"a": [5] * 3000}), "lists of 1 to 8 ids"),
     "window of 0 frames": (lambda m: m["streaming"].update(first_window=0), "at least one frame"),
     "huge context": (lambda m: m["streaming"].update(context=10**9), "streaming.context"),
     "unknown default precision": (lambda m: m.update(default_precision="fp16"), "default_precision"),

@@ -9,20 +9,27 @@ same input gives the same files.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import dataclasses
+import errno
+import fcntl
 import hashlib
 import importlib.metadata
 import json
+import os
 import shutil
 import signal
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import google.protobuf.message
 import onnx
 import onnxruntime as ort
+import onnxruntime.capi.onnxruntime_pybind11_state as ort_errors
 
 from edged.bundle import (
     MANIFEST_NAME,
@@ -45,6 +52,8 @@ ENGINE_FILES = ("edged/bundle.py", "edged/engine.py", "edged/windows.py",
                 # the calibration's phoneme ids come through these
                 "edged/phonemes.py", "edged/espeak_safety.py", "edged/espeak_worker.py", "edged/textblocks.py")
 DEFAULT_OUT = REPO / "models"
+ORT_ERRORS = tuple(e for e in vars(ort_errors).values() if isinstance(e, type) and issubclass(e, Exception))
+"""onnxruntime's exceptions (a graph it cannot load or run), which share no base but Exception."""
 
 
 class Progress:
@@ -106,12 +115,21 @@ def build_key(model_path: Path, config_path: Path, version: str) -> dict[str, st
 
 
 def is_current(bundle_dir: Path, key: dict[str, str]) -> bool:
+    """Built from the same inputs, with its files and manifest as the builder wrote them (a
+    sample_rate edited by hand was served: audio at twice its speed)."""
     try:
         manifest = read_manifest(bundle_dir)
         verify_files(bundle_dir, manifest)
     except BundleError:
         return False
-    return manifest.build == key
+    recorded = dict(manifest.build)
+    digest = recorded.pop("manifest_sha256", None)
+    return recorded == key and digest == _manifest_digest(dataclasses.replace(manifest, build=recorded))
+
+
+def _manifest_digest(manifest: Manifest) -> str:
+    """sha256 of the manifest as written before its digest joins its build record."""
+    return hashlib.sha256(manifest.to_json().encode()).hexdigest()
 
 
 def build(model_path: Path, config_path: Path, out_root: Path, version: str) -> Path:
@@ -120,16 +138,20 @@ def build(model_path: Path, config_path: Path, out_root: Path, version: str) -> 
     facts = quantize.VoiceFacts.from_config(config)
     voice_id = model_path.name.removesuffix(".onnx")
     bundle_dir = out_root / voice_id
-    staging = Path(tempfile.mkdtemp(prefix=f".{voice_id}-", dir=out_root))
-    try:
+    if os.path.lexists(bundle_dir) and not (bundle_dir.is_dir() or bundle_dir.is_symlink()):
+        raise BuildError(f"{bundle_dir} exists and is not a bundle directory; not replacing it")
+    with _building(out_root, voice_id) as staging:
         progress.step(f"cutting {model_path.name} into front, back and back_fixed")
-        front, back = graphs.split_voice(onnx.load(str(model_path)))
+        model = onnx.load(str(model_path))
+        _check_ids(facts, graphs.phoneme_table_size(model))
+        front, back = graphs.split_voice(model)
+        hop_length = _hop_length(config, graphs.samples_per_frame(back.graph))
         cut = {"front": front, "back": back, "back_fixed": graphs.mask_padding(back)}
         # Windows get the context this decoder needs (its receptive field), whatever its layers.
         facts = dataclasses.replace(facts, streaming=Streaming(context=graphs.context_frames(back.graph)))
         files: list[str] = []
         graph_files: dict[str, dict[str, str]] = {"fp32": {}, "int8": {}}
-        with tempfile.TemporaryDirectory() as raw_dir:
+        with tempfile.TemporaryDirectory(dir=staging, prefix=".raw-") as raw_dir:
             raw = {}
             for name, model in cut.items():
                 progress.step(f"optimizing {name} (fp32)")
@@ -158,7 +180,7 @@ def build(model_path: Path, config_path: Path, out_root: Path, version: str) -> 
             voice_id=voice_id,
             version=version,
             sample_rate=int(config["audio"]["sample_rate"]),
-            hop_length=int(config.get("hop_length", 256)),
+            hop_length=hop_length,
             espeak_voice=facts.espeak_voice,
             phoneme_id_map=facts.phoneme_id_map,
             inference=facts.inference,
@@ -170,18 +192,93 @@ def build(model_path: Path, config_path: Path, out_root: Path, version: str) -> 
             report=report,
             build=build_key(model_path, config_path, version),
         )
+        manifest = dataclasses.replace(manifest, build={**manifest.build, "manifest_sha256": _manifest_digest(manifest)})
         (staging / MANIFEST_NAME).write_text(manifest.to_json(), encoding="utf-8")
         progress.step(f"installing bundle at {bundle_dir}")
         staging.chmod(0o755)
-        # The old bundle is moved aside, not deleted in place: no moment without a whole bundle.
-        old = staging.with_name(staging.name + ".old")
-        if bundle_dir.exists():
-            bundle_dir.rename(old)
-        staging.rename(bundle_dir)
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        _install(staging, bundle_dir)
     return bundle_dir
+
+
+class BuildError(Exception):
+    """The voice or the output directory is not one the builder can use (said in one line)."""
+
+
+def _check_ids(facts: quantize.VoiceFacts, table_size: int | None) -> None:
+    """A config's ids must index the model's phoneme table (onnxruntime would fail mid-build)."""
+    highest = max(i for ids in facts.phoneme_id_map.values() for i in ids)
+    if table_size is not None and highest >= table_size:
+        raise BuildError(f"the config's phoneme_id_map has id {highest}, but the model's phoneme table "
+                         f"has {table_size} rows: a config of another voice?")
+
+
+def _hop_length(config: dict, samples_per_frame: int) -> int:
+    """The decoder's samples per frame; a config that says otherwise is of another voice."""
+    stated = config.get("hop_length", samples_per_frame)
+    if stated != samples_per_frame:
+        raise BuildError(f"the config's hop_length {stated!r} is not the decoder's {samples_per_frame} "
+                         "samples a frame: a config of another voice?")
+    return samples_per_frame
+
+
+@contextlib.contextmanager
+def _building(out_root: Path, voice_id: str) -> Iterator[Path]:
+    """A staging directory for one voice's build, removed after it. One build of a voice at a
+    time (a lock file beside the bundles); what a killed build left (staging, an old bundle moved
+    aside) is removed first."""
+    with open(out_root / f".{voice_id}.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BuildError(f"another build of {voice_id} is running in {out_root}") from None
+        for leftover in out_root.glob(f".{voice_id}-*"):
+            _remove(leftover)
+        staging = Path(tempfile.mkdtemp(prefix=f".{voice_id}-", dir=out_root))
+        try:
+            yield staging
+        finally:
+            _remove(staging)
+
+
+def _install(staging: Path, bundle_dir: Path) -> None:
+    """Put the new bundle in the old one's place in one step (an exchange of the two names), so
+    that a daemon never finds the voice missing and an interrupted install leaves the old one."""
+    if not os.path.lexists(bundle_dir):
+        staging.rename(bundle_dir)
+    elif _exchange(staging, bundle_dir):
+        _remove(staging)  # the old bundle, now
+    else:  # a file system that cannot exchange: the old is moved aside, and back if need be
+        old = staging.with_name(staging.name + ".old")
+        bundle_dir.rename(old)
+        try:
+            staging.rename(bundle_dir)
+        except BaseException:
+            old.rename(bundle_dir)
+            raise
+        _remove(old)
+
+
+def _exchange(path: Path, other: Path) -> bool:
+    """Swap two names atomically (Linux renameat2 RENAME_EXCHANGE); False where that is not supported."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:  # a C library older than glibc 2.28
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(path), at_fdcwd, os.fsencode(other), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(other))
+
+
+def _remove(path: Path) -> None:
+    """A directory with its files, or a file or symlink (not what it points to)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,14 +302,22 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM and SIGHUP end the build as Ctrl-C does: through the finally that removes staging.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupted)
+    for path, what in ((model_path, "model"), (config_path, "config")):
+        if not path.is_file():
+            print(f"build_voice: no {what} file {path}", file=sys.stderr)
+            return 2
     try:
         args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"build_voice: cannot use --out {args.out}: {exc.strerror}", file=sys.stderr)
+        return 2
+    try:
         if args.if_stale and is_current(args.out / voice_id, build_key(model_path, config_path, args.version)):
             print(args.out / voice_id)
             return 0
         bundle = build(model_path, config_path, args.out, args.version)
-    except (OSError, KeyError, ValueError, TypeError, graphs.CutError, BundleError,
-            google.protobuf.message.DecodeError) as exc:  # bad input: one line, not a traceback
+    except (OSError, KeyError, ValueError, TypeError, graphs.CutError, BundleError, BuildError,
+            google.protobuf.message.DecodeError, *ORT_ERRORS) as exc:  # bad input: one line, not a traceback
         print(f"build_voice: cannot build from {model_path}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -150,8 +150,22 @@ def audio_rate_nodes(back: onnx.GraphProto) -> set[str]:
     """Names of the decoder's nodes whose output is at the audio rate (after its last upsampling):
     resblocks 6-8 and conv_post in a medium voice, 9-11 and conv_post in a high one."""
     rates = _rates(back)
-    top = max(rate for rate in rates.values() if rate is not None)
+    top = samples_per_frame(back)
     return {node.name for node in back.node if any(rates.get(out) == top for out in node.output)}
+
+
+def samples_per_frame(back: onnx.GraphProto) -> int:
+    """Audio samples the decoder makes of one latent frame, the voice's hop length: its highest rate."""
+    return max(rate for rate in _rates(back).values() if rate is not None)
+
+
+def phoneme_table_size(model: onnx.ModelProto) -> int | None:
+    """Rows of the text encoder's embedding table, which the phoneme ids index (None: not found)."""
+    tables = {i.name: i for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Gather" and node.input[1:] == [FRONT_INPUTS[0]] and node.input[0] in tables:
+            return int(tables[node.input[0]].dims[0])
+    return None
 
 
 def _rates(graph: onnx.GraphProto) -> dict[str, int | None]:

@@ -37,7 +37,7 @@ from onnxruntime.quantization import (
     quantize_static,
 )
 
-from edged.bundle import Streaming
+from edged.bundle import Streaming, check_phoneme_id_map
 from edged.engine import back_feed, front_feed
 from edged.phonemes import PieceLimits, pieces_ids
 from edged.windows import growing_windows
@@ -118,17 +118,24 @@ class VoiceFacts:
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> VoiceFacts:
         """From a Piper voice's .onnx.json (with Piper's defaults for what it leaves out).
-        ValueError for a voice that edged cannot read text for as Piper does."""
+        ValueError for a voice that edged cannot read text for as Piper does, TypeError or
+        BundleError for a config of another shape than Piper's."""
+        if not isinstance(config, dict):
+            raise TypeError("the config is not a JSON object")
+        espeak, inference = config.get("espeak"), config.get("inference", {})
+        if not (isinstance(espeak, dict) and isinstance(espeak.get("voice"), str) and isinstance(inference, dict)):
+            raise TypeError("config: 'espeak' must be an object naming the espeak-ng voice ('voice'), and "
+                            "'inference', if given, an object")
+        check_phoneme_id_map(config.get("phoneme_id_map"))
         if config.get("phoneme_type", "espeak") != "espeak" or config.get("vowel_clusters"):
             raise ValueError("edged reads text with espeak-ng only, without vowel clusters; this voice's "
                              f"config asks for phoneme_type {config.get('phoneme_type', 'espeak')!r}"
                              + (" and vowel clusters" if config.get("vowel_clusters") else ""))
-        if config.get("espeak", {}).get("voice") == "ar":  # piper-tts: voice.py, "Arabic diacritization"
+        if espeak["voice"] == "ar":  # piper-tts: voice.py, "Arabic diacritization"
             raise ValueError("edged reads text with espeak-ng only; for an Arabic voice (espeak voice 'ar') "
                              "Piper first adds the vowel marks with its tashkeel model, which edged does not: "
                              "the voice would get phonemes other than those it was trained on")
-        inference = config.get("inference", {})
-        return cls(config["espeak"]["voice"], config["phoneme_id_map"], {
+        return cls(espeak["voice"], config["phoneme_id_map"], {
             "noise_scale": float(inference.get("noise_scale", 0.667)),
             "length_scale": float(inference.get("length_scale", 1.0)),
             "noise_w": float(inference.get("noise_w", 0.8)),
@@ -202,7 +209,8 @@ def quantize_graph(model: onnx.ModelProto, feeds: list[dict], variant: Variant, 
     """
     from .build_voice import optimize_offline  # here: build_voice imports this module
 
-    with tempfile.TemporaryDirectory() as tmp, _quiet():
+    # Beside the target: the builder's staging directory, which an interrupted build leaves for the next to remove.
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".quantizing-") as tmp, _quiet():
         raw = Path(tmp) / "int8.onnx"
         quantize_static(
             seeded(model, NOISE_SEED), raw, _Feeds(feeds),
