@@ -240,7 +240,7 @@ def fork():  # the 2nd and 3rd forks fail, as under a process limit
         raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
     return real_fork()
 os.fork = fork
-from edged.espeak_worker import main
+from edged.espeak_child import main
 sys.exit(main())
 """
 

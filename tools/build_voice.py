@@ -50,7 +50,8 @@ BUILDER_FILES = ("build_voice.py", "graphs.py", "quantize.py", "quantize_report.
                  "calibration.txt", "quantize_sweep.json")
 ENGINE_FILES = ("edged/bundle.py", "edged/engine.py", "edged/windows.py",
                 # the calibration's phoneme ids come through these
-                "edged/phonemes.py", "edged/espeak_safety.py", "edged/espeak_worker.py", "edged/textblocks.py")
+                "edged/phonemes.py", "edged/espeak_safety.py", "edged/espeak_worker.py", "edged/espeak_child.py",
+                "edged/textblocks.py")
 DEFAULT_OUT = REPO / "models"
 ORT_ERRORS = tuple(e for e in vars(ort_errors).values() if isinstance(e, type) and issubclass(e, Exception))
 """onnxruntime's exceptions (a graph it cannot load or run), which share no base but Exception."""
