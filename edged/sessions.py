@@ -53,7 +53,9 @@ def session_options(settings: SessionSettings) -> ort.SessionOptions:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if not settings.prepack:
         options.add_session_config_entry("session.disable_prepacking", "1")
-    options.log_severity_level = 3
+    # Fatal only: its errors come back as exceptions, which edged reports (with the priority
+    # journald files them at); printed by onnxruntime too, they reached the journal unformatted.
+    options.log_severity_level = 4
     return options
 
 
