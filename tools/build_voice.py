@@ -173,7 +173,7 @@ def build(model_path: Path, config_path: Path, out_root: Path, version: str) -> 
                 weights[fixed] = back + ".data"
         progress.step("measuring int8 against fp32")
         report = quantize_report.report(
-            {prec: {g: staging / names[g] for g in ("front", "back")} for prec, names in graph_files.items()},
+            {prec: {g: staging / name for g, name in names.items()} for prec, names in graph_files.items()},
             facts,
         )
         progress.step("writing manifest")
