@@ -36,7 +36,7 @@ from .cliio import (
     print_report,
     read_text,
 )
-from .config import default_socket_path
+from .config import default_socket_path, named_socket
 from .messages import (
     CONTENT_TYPES,
     MAX_WARM_FILE_BYTES,
@@ -377,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # An empty --socket (an unset variable in a script) means not given, not the current directory.
-    args.socket = Path(args.socket) if args.socket else default_socket_path(os.environ)
+    args.socket = named_socket(Path(args.socket) if args.socket else None, os.environ) or default_socket_path(os.environ)
     try:
         with interrupted_by_signals():
             return int(args.run(args))

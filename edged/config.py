@@ -209,8 +209,7 @@ def load_settings(config_file: Path | None = None, socket_path: Path | None = No
         except RecursionError:  # tomllib recurses per level of nesting: [[[[...]]]] of 1 kB
             raise ConfigError(f"{config_file}: not valid TOML: nested too deeply") from None
     settings = build(Settings, data, "")
-    if socket_path is None and env.get("EDGED_SOCKET"):
-        socket_path = Path(env["EDGED_SOCKET"])
+    socket_path = named_socket(socket_path, env)
     if socket_path is not None:  # given where it starts: relative to the directory it starts in
         settings = override(settings, "server.socket", os.path.abspath(socket_path.expanduser()))
     return settings
@@ -238,10 +237,16 @@ def socket_path(settings: Settings, env: typing.Mapping[str, str] | None = None)
     return default_socket_path(env)
 
 
-def default_socket_path(env: typing.Mapping[str, str] | None = None) -> Path:
-    env = os.environ if env is None else env
-    if env.get("EDGED_SOCKET"):
+def named_socket(given: Path | None, env: typing.Mapping[str, str]) -> Path | None:
+    """The socket the caller names, before any config file's: --socket (`given`), else $EDGED_SOCKET."""
+    if given is None and env.get("EDGED_SOCKET"):
         return Path(env["EDGED_SOCKET"]).expanduser()
+    return given
+
+
+def default_socket_path(env: typing.Mapping[str, str] | None = None) -> Path:
+    """The socket nobody named: root's in /run, another user's in $XDG_RUNTIME_DIR."""
+    env = os.environ if env is None else env
     runtime = env.get("XDG_RUNTIME_DIR", "")
     if os.geteuid() != 0 and os.path.isabs(runtime):  # a relative one is invalid (XDG): ignored
         return Path(runtime) / "edged" / "edged.sock"

@@ -11,6 +11,7 @@ from edged.config import (
     Settings,
     default_socket_path,
     load_settings,
+    named_socket,
     override,
     socket_path,
 )
@@ -104,11 +105,13 @@ def test_socket_precedence(tmp_path: Path) -> None:
     xdg = {"XDG_RUNTIME_DIR": "/run/user/1000"}
     expected = "/run/edged/edged.sock" if os.geteuid() == 0 else "/run/user/1000/edged/edged.sock"
     assert default_socket_path(xdg) == Path(expected)
-    assert default_socket_path({**xdg, "EDGED_SOCKET": "/e.sock"}) == Path("/e.sock")
+    assert named_socket(None, {**xdg, "EDGED_SOCKET": "/e.sock"}) == Path("/e.sock")
+    assert named_socket(Path("/flag.sock"), {"EDGED_SOCKET": "/e.sock"}) == Path("/flag.sock")
+    assert named_socket(None, xdg) is None
     # As cache.directory and voices.search_path: "~/x.sock" made a directory named "~" here.
     config.write_text('[server]\nsocket = "~/edged.sock"\n')
     assert socket_path(load_settings(config, env={})) == Path.home() / "edged.sock"
-    assert default_socket_path({"EDGED_SOCKET": "~/e.sock"}) == Path.home() / "e.sock"
+    assert named_socket(None, {"EDGED_SOCKET": "~/e.sock"}) == Path.home() / "e.sock"
     # Given when the daemon starts (not in a file read by a service started in /): from here.
     assert socket_path(load_settings(None, Path("flag.sock"), env={})) == Path.cwd() / "flag.sock"
     assert socket_path(load_settings(None, env={"EDGED_SOCKET": "env.sock"})) == Path.cwd() / "env.sock"
