@@ -98,13 +98,13 @@ class App:
         path = scope["path"]
         status = 500
 
-        started = False
+        response_started = False
 
         async def tracked_send(message: dict[str, object]) -> None:
-            nonlocal status, started
+            nonlocal status, response_started
             if message["type"] == "http.response.start":
                 status = int(message["status"])  # type: ignore[call-overload]
-                started = True
+                response_started = True
             await send(message)
 
         try:
@@ -128,12 +128,12 @@ class App:
         except EdgedError as error:
             await send_error(tracked_send, error, self.settings.server.retry_after_s)
         except asyncio.CancelledError:  # the drain timeout ran out: the daemon is stopping
-            if not started:
+            if not response_started:
                 await send_error(tracked_send, NotReady("the daemon is stopping"), self.settings.server.retry_after_s)
             raise
         except Exception:  # a bug: the client still gets the contract's shape, the log the trace
             log.exception("%s %s failed", scope["method"], path[:200])
-            if not started:
+            if not response_started:
                 await send_error(tracked_send, EdgedError("internal error"), self.settings.server.retry_after_s)
             else:
                 raise  # the response has begun: uvicorn closes the connection
@@ -214,17 +214,17 @@ class App:
     # -- synthesis ----------------------------------------------------------------------------------
 
     async def synthesize(self, scope: Scope, receive: Receive, send: Send) -> None:
-        started = time.perf_counter()
+        arrived_at = time.perf_counter()
         _require_streaming(scope)
         _require_no_query(scope)
         body = synthesize_body(await self._json(scope, receive), self.settings.limits.max_text_chars)
         info = self.daemon.registry.info(body.voice or self.settings.voices.default)
         request = info.request(body.text, body.speed, body.format)
-        await self._stream_audio(receive, send, request, "/v1/synthesize", started, body.tag)
+        await self._stream_audio(receive, send, request, "/v1/synthesize", arrived_at, body.tag)
 
     async def speech(self, scope: Scope, receive: Receive, send: Send) -> None:
         """OpenAI's POST /v1/audio/speech: {"input", "voice", "response_format", "speed"}."""
-        started = time.perf_counter()
+        arrived_at = time.perf_counter()
         _require_streaming(scope)
         body = speech_body(await self._json(scope, receive), self.settings.limits.max_text_chars)
         info = self.daemon.registry.info(self._openai_voice(body.voice))
@@ -234,7 +234,7 @@ class App:
                            f"voice speaks at {info.sample_rate} Hz: ask for \"wav\" (its header carries the "
                            "rate), or use /v1/synthesize with \"format\": \"pcm\"")
         request = info.request(body.input, body.speed, body.response_format)
-        await self._stream_audio(receive, send, request, "/v1/audio/speech", started)
+        await self._stream_audio(receive, send, request, "/v1/audio/speech", arrived_at)
 
     def _openai_voice(self, name: str) -> str:
         """An explicit mapping, else an edged voice id, else (for OpenAI's names) the default voice."""
@@ -257,10 +257,10 @@ class App:
                                self.settings.server.body_timeout_s)
 
     async def _stream_audio(self, receive: Receive, send: Send, request: SynthesisRequest,
-                            route: str, started: float, tag: str | None = None) -> None:
+                            route: str, arrived_at: float, tag: str | None = None) -> None:
         """Stream the audio of `request`, cancelling its synthesis if the client hangs up."""
-        cache, chunks = await self.daemon.audio_for(request, tag)
-        streaming = asyncio.create_task(self._send_audio(send, request, cache, chunks, route, started))
+        cache_status, chunks = await self.daemon.audio_for(request, tag)
+        streaming = asyncio.create_task(self._send_audio(send, request, cache_status, chunks, route, arrived_at))
         hangup = asyncio.create_task(wait_disconnect(receive))
         try:
             done, _ = await asyncio.wait({streaming, hangup}, return_when=asyncio.FIRST_COMPLETED)
@@ -281,8 +281,8 @@ class App:
                 raise
             raise ClientGone from None
 
-    async def _send_audio(self, send: Send, request: SynthesisRequest, cache: CacheStatus,
-                          chunks: PcmStream, route: str, started: float) -> None:
+    async def _send_audio(self, send: Send, request: SynthesisRequest, cache_status: CacheStatus,
+                          chunks: PcmStream, route: str, arrived_at: float) -> None:
         async with contextlib.aclosing(chunks):  # closing it frees the synthesis slot at once
             try:
                 first = await anext(chunks, None)
@@ -297,14 +297,14 @@ class App:
             headers = [
                 (b"content-type", CONTENT_TYPES[request.format].encode()),
                 (b"x-edged-sample-rate", str(request.sample_rate).encode()),
-                (b"x-edged-cache", cache.encode()),
+                (b"x-edged-cache", cache_status.encode()),
                 (b"x-edged-voice", request.voice_id.encode()),
             ]
             try:
                 await self._write(send, {"type": "http.response.start", "status": 200, "headers": headers})
                 if first:  # None or b"": no audio (pcm)
                     await self._write(send, {"type": "http.response.body", "body": first, "more_body": True})
-                first_audio = time.perf_counter() - started
+                first_audio = time.perf_counter() - arrived_at
                 async for chunk in chunks:
                     await self._write(send, {"type": "http.response.body", "body": chunk, "more_body": True})
                 await self._write(send, {"type": "http.response.body", "body": b""})
@@ -317,7 +317,7 @@ class App:
             except EdgedError as error:  # a stage failed mid-stream: the status is sent already
                 log.warning("synthesis failed mid-stream, connection closed: %s", error)
                 return
-        self.metrics.observe_audio(route, cache, first_audio, time.perf_counter() - started)
+        self.metrics.observe_audio(route, cache_status, first_audio, time.perf_counter() - arrived_at)
 
     async def _write(self, send: Send, message: dict[str, object]) -> None:
         try:
