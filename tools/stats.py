@@ -26,12 +26,9 @@ def percentiles(values: Sequence[float], scale: float = 1000.0) -> dict[str, flo
     """p50/p95/p99 (nearest rank) and max, in ms by default; None when there are no values."""
     if not values:
         return {"p50": None, "p95": None, "p99": None, "max": None}
-    ordered = sorted(values)
-
-    def rank(p: float) -> float:
-        return round(ordered[min(len(ordered) - 1, max(0, int(p / 100 * len(ordered) + 0.999999) - 1))] * scale, 1)
-
-    return {"p50": rank(50), "p95": rank(95), "p99": rank(99), "max": round(ordered[-1] * scale, 1)}
+    p50, p95, p99 = np.percentile(values, [50, 95, 99], method="inverted_cdf")  # nearest rank
+    return {"p50": round(float(p50) * scale, 1), "p95": round(float(p95) * scale, 1),
+            "p99": round(float(p99) * scale, 1), "max": round(max(values) * scale, 1)}
 
 
 def middle_and_max(values: Iterable[float]) -> tuple[float | None, float | None]:
