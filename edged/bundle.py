@@ -204,10 +204,8 @@ def read_manifest(bundle_dir: Path) -> Manifest:
         data = loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise BundleError(f"{bundle_dir}: no {MANIFEST_NAME}, not a voice bundle") from None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError) as exc:  # ValueError: not UTF-8, not JSON, nested too deeply
         raise BundleError(f"{path}: unreadable manifest: {exc}") from None
-    except RecursionError:  # nested deeper than the JSON parser goes
-        raise BundleError(f"{path}: unreadable manifest: nested too deeply") from None
     if not isinstance(data, dict):
         raise BundleError(f"{path}: manifest is not a JSON object")
     return Manifest.from_dict(data)

@@ -87,7 +87,7 @@ def _load_json(body: bytes) -> Any:
         return loads(text.removeprefix("\ufeff"), object_pairs_hook=_object)
     except json.JSONDecodeError as exc:
         raise BadInput(f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    except (ValueError, RecursionError):  # a number of thousands of digits; nesting too deep
+    except ValueError:  # a number of thousands of digits; nesting too deep
         raise BadInput("malformed JSON: a number too long or nesting too deep") from None
 
 

@@ -15,10 +15,11 @@ _collecting = True
 
 
 def loads(text: str | bytes, **options: Any) -> Any:
-    """json.loads with the garbage collector paused. Deep nesting makes the parser recurse to
-    Python's limit and raise RecursionError, which callers catch; but a collection can start at
-    any allocation, and its callbacks (edged.metrics times every pause) then run at that depth,
-    fail with a RecursionError of their own, and Python can only print that as a traceback."""
+    """json.loads with the garbage collector paused, and nesting past the parser's depth a
+    ValueError ("nested too deeply") as other malformed JSON is. Deep nesting makes the parser
+    recurse to Python's limit; a collection can start at any allocation, and its callbacks
+    (edged.metrics times every pause) then run at that depth, fail with a RecursionError of their
+    own, and Python can only print that as a traceback."""
     global _parsing, _collecting
     with _lock:
         if _parsing == 0:
@@ -27,6 +28,8 @@ def loads(text: str | bytes, **options: Any) -> Any:
         gc.disable()
     try:
         return json.loads(text, **options)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
     finally:
         with _lock:
             _parsing -= 1

@@ -109,7 +109,7 @@ def decode(record: bytes, expected_key: str) -> CachedAudio:
                 raise TypeError(f"{name} is not {types[0].__name__}")
         fields["generations"] = tuple(int(g) for g in fields["generations"])
         meta = EntryMeta(**fields)
-    except (ValueError, TypeError, KeyError, RecursionError) as error:  # RecursionError: nested JSON
+    except (ValueError, TypeError, KeyError) as error:
         raise CorruptEntry(f"bad record header: {type(error).__name__} {error}"[:200]) from None
     audio = record[start:]
     if meta.key != expected_key or len(meta.generations) != SCOPES:
