@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +46,18 @@ def test_quick_bench_reports_both_engines_and_draws_the_plot(tmp_path: Path, bun
     assert compare["rtf_ratio"] == pytest.approx(report["edged"]["synthesis_ms"] / report["piper"]["synthesis_ms"],
                                                  rel=0.01)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # One cold run of each text: Piper's first long run is slow, and the ratio looked met (0.57).
+    assert report["meta"]["quick"] and compare["meets"] is None
+
+
+def test_bench_refuses_a_bundle_of_another_voice_than_pipers(tmp_path: Path, bundle_dir: Path) -> None:
+    other = tmp_path / bundle_dir.name
+    shutil.copytree(bundle_dir, other)
+    manifest = json.loads((other / "manifest.json").read_text(encoding="utf-8"))
+    manifest["build"]["model_sha256"] = "0" * 64  # built from another Piper model
+    (other / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    result = _bench("--quick", "--bundle", str(other))
+    assert result.returncode == 1 and "not built from the voice Piper runs" in result.stderr, result.stderr
 
 
 def test_bench_stops_with_a_clear_error_when_the_voice_is_missing(tmp_path: Path) -> None:

