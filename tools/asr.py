@@ -87,9 +87,12 @@ class Asr:
         return cls(model, settings)
 
     def transcribe(self, audio: np.ndarray, sample_rate: int) -> str:
-        """The words Whisper hears in float32 mono audio at `sample_rate` Hz."""
+        """The words Whisper hears in float32 mono audio at `sample_rate` Hz, brought to full
+        scale first: Piper scales each sentence so (its normalize_audio), edged leaves the model's
+        level, 4-10 dB lower, and the level alone moved the error count (3 against 2 errors)."""
+        peak = float(np.abs(audio).max(initial=0.0))
         segments, _info = self._model.transcribe(
-            resample(audio, sample_rate, WHISPER_RATE),
+            resample(audio / peak if peak > 0 else audio, sample_rate, WHISPER_RATE),
             language="en",
             beam_size=self.settings.beam_size,
             # Greedy at one temperature: no sampling fallback, so the same audio gives the same text.
