@@ -164,7 +164,7 @@ class Daemon:
                           "background_promoted": pipeline.preemption.promoted,
                           "espeak_restarts": ESPEAK.restarts,
                           "disconnects": self.disconnects, "write_stalls": self.write_stalls},
-            "process": process_figures(),
+            "process": _in_mib(process_figures()),
             "cache": self.cache.describe() if self.cache is not None else {"enabled": False, "open": False},
         }
 
@@ -173,18 +173,27 @@ class Daemon:
         self.registry.close()
 
 
-def process_figures() -> dict[str, float]:
-    """From /proc/self/status: resident memory in MiB (all, anonymous = heap, file = mapped weights
+def _in_mib(figures: dict[str, int]) -> dict[str, float]:
+    """process_figures as /v1/status shows them: memory in MiB (rss_mb, anon_mb, file_mb), threads."""
+    shown: dict[str, float] = {f"{kind}_mb": round(figures[kind] / 2**20, 1)
+                               for kind in ("rss", "anon", "file") if kind in figures}
+    if "threads" in figures:
+        shown["threads"] = figures["threads"]
+    return shown
+
+
+def process_figures() -> dict[str, int]:
+    """From /proc/self/status: resident memory in bytes (rss, anon = heap, file = mapped weights
     and libraries) and the number of threads (onnxruntime's own included)."""
-    wanted = {"VmRSS": "rss_mb", "RssAnon": "anon_mb", "RssFile": "file_mb", "Threads": "threads"}
-    found: dict[str, float] = {}
+    wanted = {"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file", "Threads": "threads"}
+    found: dict[str, int] = {}
     try:
         with open("/proc/self/status", encoding="ascii") as status:
             for line in status:
                 key, _, rest = line.partition(":")
                 if key in wanted:
                     value = int(rest.split()[0])
-                    found[wanted[key]] = value if key == "Threads" else round(value / 1024, 1)
+                    found[wanted[key]] = value if key == "Threads" else value * 1024  # kB
     except OSError:
         pass
     return found

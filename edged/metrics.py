@@ -139,8 +139,8 @@ class _DaemonCollector:
         figures = process_figures()
         memory = GaugeMetricFamily("edged_resident_memory_bytes", "Resident memory by kind.", labels=["kind"])
         for kind in ("rss", "anon", "file"):
-            if f"{kind}_mb" in figures:
-                memory.add_metric([kind], figures[f"{kind}_mb"] * 1024 * 1024)
+            if kind in figures:
+                memory.add_metric([kind], figures[kind])
         yield memory
         if "threads" in figures:
             yield GaugeMetricFamily("edged_threads", "Threads of the process.", value=figures["threads"])
