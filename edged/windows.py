@@ -40,7 +40,9 @@ def growing_windows(
     times faster than real time: 16 frames are 186 ms of audio, 128 frames decode in ~40 ms).
     Growing 8 times rather than 4 makes a 1 s prompt two windows (16 + 90 frames) instead of three
     (16 + 64 + 26): 9-13% less time in all (in process, alternating runs), with no measurable
-    change on longer texts. A tail shorter than the context joins the window before it. A later piece of the same text, after `produced` frames, starts as large as that audio: the
+    change on longer texts. A tail shorter than the context joins the window before it.
+
+    A later piece of the same text, after `produced` frames, starts as large as that audio: the
     client has it buffered, so small windows would only cost context again.
     """
     windows = []

@@ -1,4 +1,5 @@
-"""Cache keys: sha256 over normalized text, voice id, voice version, speed, output format, the
+"""Cache keys: sha256 over normalized text, voice id, voice version, speed, the stored bytes'
+format (PCM: a WAV answer is the same samples behind a header, so both share an entry), the
 graphs' precision and the bundle's audio digest.
 
 Normalization must not change pronunciation, and espeak-ng hears more whitespace than one would
@@ -6,8 +7,7 @@ think: a run of spaces after "A" makes it the letter rather than the article, a 
 a sentence's final stop, a lone CR after "U.S." adds a sentence break, a tab after a final "-"
 changes the stress before it, and leading blanks move where a long text is cut into blocks. So
 only spaces at the end of the text are dropped (tests/test_cache_key.py checks the cases above
-against the real phonemizer). Unicode
-normalization is left out too: espeak reads "e" + combining acute differently from precomposed
+against the real phonemizer). Unicode normalization is left out too: espeak reads "e" + combining acute differently from precomposed
 "é". Letter case and punctuation are left alone ("US" vs "us").
 """
 

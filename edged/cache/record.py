@@ -104,9 +104,9 @@ def decode(record: bytes, expected_key: str) -> CachedAudio:
         fields = loads(record[_PREFIX.size : start])
         # Only the audio is checksummed: a header field of the wrong type (a flipped bit, an
         # edit) would fail later, at every request for the entry, instead of dropping it here.
-        for name, types in _HEADER_TYPES.items():
-            if not isinstance(fields[name], types) or isinstance(fields[name], bool):
-                raise TypeError(f"{name} is not {types[0].__name__}")
+        for name, allowed in _HEADER_TYPES.items():
+            if not isinstance(fields[name], allowed) or isinstance(fields[name], bool):
+                raise TypeError(f"{name} is not {allowed[0].__name__}")
         fields["generations"] = tuple(int(g) for g in fields["generations"])
         meta = EntryMeta(**fields)
     except (ValueError, TypeError, KeyError) as error:
