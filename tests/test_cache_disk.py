@@ -398,6 +398,27 @@ def test_a_tier_that_holds_a_few_long_phrases_keeps_the_one_just_stored(tmp_path
     store.close()
 
 
+def test_a_row_whose_key_is_not_text_does_not_stop_eviction(tmp_path: Path) -> None:
+    # Evicting by key passed that key to the raw-bytes disk, which refuses what is not text: the
+    # tier then grew past its cap for good, and a daemon opening it ran without a cache.
+    directory = tmp_path / "cache"
+    store = DiskStore.open(CacheSettings(directory=directory), Generations())
+    entries = [_put(store, f"e{i}") for i in range(30)]
+    store.close()
+    db = sqlite3.connect(database(directory))
+    db.execute("INSERT INTO Cache (key, raw, store_time, access_time, tag, size, mode, filename, value)"
+               " VALUES (?, 0, 0, 0, NULL, 0, 1, NULL, ?)", (b"\x80\x04K\x01.", b"x"))
+    db.commit()
+    db.close()
+    store = DiskStore.open(CacheSettings(directory=directory, disk_bytes=500_000), Generations())
+    assert store.state == "ok" and store.volume <= 500_000
+    kept = [e for e in entries if store.get(e.meta.key) is not None]
+    assert 0 < len(kept) < len(entries) and kept == entries[-len(kept):]  # the oldest went first
+    _put(store, "new", size=200_000)
+    assert store.volume <= 500_000 and store.state == "ok"
+    store.close()
+
+
 def killed(store: DiskStore) -> None:
     """Leave `store` as a kill -9 would: connections and lock gone, the open marker left."""
     store._close_connections()

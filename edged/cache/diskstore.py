@@ -150,12 +150,15 @@ class DiskStore:
             if cache.volume() > self.settings.disk_bytes:
                 self.stats.evictions += cache.expire()
             while order is not None and cache.volume() > self.settings.disk_bytes:
+                # By row, not by key: diskcache's delete decodes the key, and a row whose key is
+                # not text (damage, tampering) then stopped eviction for good.
                 with self._db_lock:
-                    first = db.execute(order.format(fields="key", now=time.time()), (2,)).fetchall()
-                victim = next((key for (key,) in first if key != keep), None)
-                if victim is None:
-                    break
-                self.stats.evictions += int(cache.delete(victim))
+                    first = db.execute(order.format(fields="rowid, key, filename", now=time.time()), (2,)).fetchall()
+                    victim = next(((rowid, name) for rowid, key, name in first if key != keep), None)
+                    if victim is None:
+                        break
+                    self.stats.evictions += db.execute("DELETE FROM Cache WHERE rowid = ?", victim[:1]).rowcount
+                self._remove_value_file(victim[1])
         except (OSError, sqlite3.Error, diskcache.Timeout) as error:
             self._log_once("cull", "cache could not evict down to its size limit: %s", error)
         self._refresh_volume(cache)
@@ -443,11 +446,16 @@ class DiskStore:
                     names = self._db.execute(f"SELECT filename FROM Cache WHERE filename IS NOT NULL AND ({rows})",
                                              params).fetchall()
                 for (name,) in names:
-                    parts = Path(str(name)).parts  # diskcache's "ab/cd/<hex>.val", nothing else
-                    if len(parts) == 3 and is_value_dir(parts[0]) and is_value_dir(parts[1]):
-                        (self.directory / name).unlink(missing_ok=True)
+                    self._remove_value_file(name)
                 return drop(cache)
         return dropping
+
+    def _remove_value_file(self, name: object) -> None:
+        """The value file a row named (None: its value is inside the row), if the name is
+        diskcache's "ab/cd/<hex>.val" and nothing else."""
+        parts = Path(str(name)).parts
+        if name is not None and len(parts) == 3 and is_value_dir(parts[0]) and is_value_dir(parts[1]):
+            (self.directory / str(name)).unlink(missing_ok=True)
 
     def save_generation(self, scope: str, value: int) -> bool:
         """Persist one invalidation counter; False if it could not be written."""
