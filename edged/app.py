@@ -124,7 +124,7 @@ class App:
             else:
                 await handler(scope, receive, tracked_send)
         except ClientGone:
-            status = scope.get(REFUSED_STATUS, 499)  # 499: nginx's "client closed request", for the metrics only
+            status = 499  # nginx's "client closed request", for the metrics only
         except EdgedError as error:
             await send_error(tracked_send, error, self.settings.server.retry_after_s)
         except asyncio.CancelledError:  # the drain timeout ran out: the daemon is stopping
@@ -138,6 +138,8 @@ class App:
             else:
                 raise  # the response has begun: uvicorn closes the connection
         finally:
+            # What the client got, if the HTTP layer refused its body (and closed) before our answer.
+            status = scope.get(REFUSED_STATUS, status)
             self.metrics.count_request(path if path in self.routes else "other", status)
 
     # -- simple routes ----------------------------------------------------------------------------

@@ -26,8 +26,8 @@ class ClientGone(Exception):
 
 REFUSED_STATUS = "edged.refused_status"
 """Scope key: the status the HTTP layer answered a request with, and closed, because its body
-could not be read (a broken chunk). The app, reading that body, then sees a hang-up: it counts
-the request with this status, not as one whose client left."""
+could not be read (a broken chunk). The app, whether it was reading that body (it then sees a
+hang-up) or answering without it, counts the request with this status: what the client got."""
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:

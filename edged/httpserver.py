@@ -192,7 +192,9 @@ class EdgedProtocol(HttpToolsProtocol):
             self.transport.close()
             return
         reading = self.cycle
-        if reading is not None and not reading.response_complete:  # its app counts it, with this status
+        if reading is not None and not reading.response_complete and not self._answered_first:
+            # The request whose body broke; its app runs (nothing was queued before it) and
+            # counts it, with this status. One queued behind whole requests is dropped unrun.
             reading.scope[REFUSED_STATUS] = error.http_status
         else:
             self.metrics.count_request("other", error.http_status)  # no route: the request is unreadable
