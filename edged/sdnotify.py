@@ -97,7 +97,8 @@ class Notifier:
         is dropped: a notify socket that is gone stays gone."""
         assert self._sock is not None
         try:
-            self._sock.sendto(message.encode(), self._target)
+            # A path of bytes that are not UTF-8 (kept as surrogates) must not make it unsendable.
+            self._sock.sendto(message.encode("utf-8", "backslashreplace"), self._target)
         except BlockingIOError as exc:
             self._failed(exc.errno, "systemd is not reading its notifications (queue full)")
             return False

@@ -305,6 +305,20 @@ def test_a_start_that_fails_before_serving_says_why_to_systemd(tmp_path: Path) -
         assert statuses[-1].removeprefix("STATUS=STOPPED: ") in daemon.log_text()
 
 
+def test_a_reason_naming_a_path_that_is_not_utf8_still_reaches_systemd(tmp_path: Path) -> None:
+    # Python keeps such bytes as surrogates, which str.encode() refuses: the notification was a
+    # traceback (exit 1) instead of the one line and exit 2.
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify.sock"))
+    config = os.fsencode(tmp_path) + b"/\xff.toml"  # no such file
+    done = subprocess.run([sys.executable, "-m", "edged", "serve", "--config", config],
+                          env={**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify.sock")},
+                          capture_output=True, timeout=60, check=False)
+    assert done.returncode == 2 and b"Traceback" not in done.stderr, done.stderr
+    statuses = _statuses_sent(notify)
+    assert statuses and statuses[-1].startswith("STATUS=STOPPED: cannot read config ") and "\\udcff" in statuses[-1]
+
+
 def _statuses_sent(notify: socket.socket) -> list[str]:
     """The STATUS= lines of every notification waiting on `notify` (which is closed after)."""
     statuses = []
