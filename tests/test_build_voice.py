@@ -64,7 +64,7 @@ def test_a_config_that_does_not_fit_the_model_is_refused_before_building(
     done = _build(tmp_path, _voice(tmp_path, config), "--out", str(out))
     assert done.returncode == 2, done.stderr
     assert b"Traceback" not in done.stderr and message.encode() in done.stderr, done.stderr
-    assert not (out / "t-voice").exists() and not list(out.glob(".t-voice-*"))
+    assert not (out / "t-voice").exists() and not list(out.glob(".t-voice+*"))
 
 
 def test_a_graph_onnxruntime_cannot_load_is_refused_in_one_line(tmp_path: Path) -> None:
@@ -85,15 +85,18 @@ def test_the_output_and_the_input_are_named_when_they_are_the_fault(tmp_path: Pa
 
 
 def test_a_build_removes_what_a_killed_build_left_and_builds_one_at_a_time(tmp_path: Path) -> None:
-    (tmp_path / ".v-abc123").mkdir()  # staging of a build killed part way (86 MB of it)
-    (tmp_path / ".v-abc123" / "front.fp32.onnx").write_text("x")
-    (tmp_path / ".v-def456.old").symlink_to(tmp_path / "elsewhere")  # an old bundle moved aside
-    (tmp_path / ".v2-keep").mkdir()  # another voice's: not touched
+    (tmp_path / ".v+abc123").mkdir()  # staging of a build killed part way (86 MB of it)
+    (tmp_path / ".v+abc123" / "front.fp32.onnx").write_text("x")
+    (tmp_path / ".v+def456.old").symlink_to(tmp_path / "elsewhere")  # an old bundle moved aside
+    # Voice v-2's lock and staging (a build of it running): "v-2" starts with "v-", and a build
+    # of v removed them.
+    (tmp_path / ".v-2.lock").write_text("")
+    (tmp_path / ".v-2+keep").mkdir()
     with _building(tmp_path, "v") as staging:
-        assert sorted(p.name for p in tmp_path.glob(".v*")) == sorted([".v.lock", ".v2-keep", staging.name])
+        assert sorted(p.name for p in tmp_path.glob(".v*")) == sorted([".v-2+keep", ".v-2.lock", ".v.lock", staging.name])
         with pytest.raises(BuildError, match="another build of v is running"), _building(tmp_path, "v"):
             pass
-    assert sorted(p.name for p in tmp_path.glob(".v*")) == [".v.lock", ".v2-keep"]
+    assert sorted(p.name for p in tmp_path.glob(".v*")) == [".v-2+keep", ".v-2.lock", ".v.lock"]
 
 
 @pytest.mark.parametrize("old", ["directory", "symlink"])
@@ -106,7 +109,7 @@ def test_install_puts_the_new_bundle_in_place_in_one_step_and_leaves_nothing(tmp
         target.rename(bundle)
     else:
         bundle.symlink_to(target)
-    staging = tmp_path / ".v-new"
+    staging = tmp_path / ".v+new"
     staging.mkdir()
     (staging / "manifest.json").write_text("new")
     _install(staging, bundle)

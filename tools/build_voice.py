@@ -143,9 +143,9 @@ def build(model_path: Path, config_path: Path, out_root: Path, version: str) -> 
         raise BuildError(f"{bundle_dir} exists and is not a bundle directory; not replacing it")
     with _building(out_root, voice_id) as staging:
         progress.step(f"cutting {model_path.name} into front, back and back_fixed")
-        model = onnx.load(str(model_path))
-        _check_ids(facts, graphs.phoneme_table_size(model))
-        front, back = graphs.split_voice(model)
+        source = onnx.load(str(model_path))
+        _check_ids(facts, graphs.phoneme_table_size(source))
+        front, back = graphs.split_voice(source)
         hop_length = _hop_length(config, graphs.samples_per_frame(back.graph))
         cut = {"front": front, "back": back, "back_fixed": graphs.mask_padding(back)}
         # Windows get the context this decoder needs (its receptive field), whatever its layers.
@@ -232,9 +232,10 @@ def _building(out_root: Path, voice_id: str) -> Iterator[Path]:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise BuildError(f"another build of {voice_id} is running in {out_root}") from None
-        for leftover in out_root.glob(f".{voice_id}-*"):
+        # "+" is in no voice id: ".joe+*" is none of voice joe-v2's files (".joe-*" was).
+        for leftover in out_root.glob(f".{voice_id}+*"):
             _remove(leftover)
-        staging = Path(tempfile.mkdtemp(prefix=f".{voice_id}-", dir=out_root))
+        staging = Path(tempfile.mkdtemp(prefix=f".{voice_id}+", dir=out_root))
         try:
             yield staging
         finally:
