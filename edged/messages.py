@@ -114,8 +114,6 @@ def synthesize_body(data: dict[str, Any], max_text_chars: int) -> SynthesizeBody
 
 def speech_body(data: dict[str, Any], max_text_chars: int) -> SpeechBody:
     voice = _openai_voice(data)
-    if voice is None:  # (required here: OpenAI's API has no default voice)
-        raise BadInput("field 'voice' is empty" if data.get("voice") == "" else "missing field 'voice'")
     if _given(data, "stream_format", "audio") != "audio":  # it would change the answer's shape
         raise BadInput(f"stream_format {_shown(data['stream_format'])} is not supported; the audio is "
                        "streamed as it is made (\"audio\")")
@@ -127,16 +125,19 @@ def speech_body(data: dict[str, Any], max_text_chars: int) -> SpeechBody:
     )
 
 
-def _openai_voice(data: dict[str, Any]) -> str | None:
-    """OpenAI's voice: a name, or a custom voice given as {"id": "..."} (its SDKs take both)."""
+def _openai_voice(data: dict[str, Any]) -> str:
+    """OpenAI's voice, required (its API has no default voice): a name, or a custom voice given
+    as {"id": "..."} (its SDKs take both)."""
     given = data.get("voice")
-    if not isinstance(given, dict):
-        return _optional_str(data, "voice")
-    if set(given) != {"id"} or not isinstance(given["id"], str):
+    if given is None:
+        raise BadInput("missing field 'voice'")
+    if isinstance(given, dict) and set(given) == {"id"}:
+        given = given["id"]
+    if not isinstance(given, str):
         raise BadInput("field 'voice' must be a string or {\"id\": string}")
-    if not given["id"]:
+    if not given:
         raise BadInput("field 'voice' is empty")
-    return str(given["id"])
+    return given
 
 
 def _no_unknown(data: dict[str, Any], known: tuple[str, ...]) -> None:

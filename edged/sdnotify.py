@@ -113,11 +113,15 @@ class Notifier:
             log.warning("sd_notify failed: %s (not logged again for this error)", reason)
 
 
+def status(text: str) -> str:
+    """The STATUS= message saying `text`, on one line: a notification's fields end at a newline."""
+    return "STATUS=" + text.replace("\n", " ")
+
+
 def notify_once(message: str) -> None:
-    """Send one message now, without an event loop (a start that fails before the loop runs).
-    A notification line ends at a newline: the message is kept to one."""
+    """Send one message now, without an event loop (a start that fails before the loop runs)."""
     notifier = Notifier.from_environment()
-    notifier(message.replace("\n", " "))
+    notifier(message)
     notifier.close()
 
 

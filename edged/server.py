@@ -36,7 +36,7 @@ from .daemon import Daemon, State
 from .errors import AlreadyRunning, ConfigError, EdgedError
 from .files import identity
 from .loopsignals import LoopSignals
-from .sdnotify import Notifier, notify_once, start_watchdog
+from .sdnotify import Notifier, notify_once, start_watchdog, status
 
 if TYPE_CHECKING:
     from .engine import Voice
@@ -88,7 +88,7 @@ def serve(config_file: Path | None = None, socket_path: Path | None = None) -> i
         _signals_outside_the_loop(early_stop)
         return _serve(settings, early_stop)
     except EdgedError as exc:  # before the event loop ran: a bad config, a socket in use, an unknown voice
-        notify_once(f"STATUS=STOPPED: {exc}")  # systemctl status shows why, as for _run's failures
+        notify_once(status(f"STOPPED: {exc}"))  # systemctl status shows why, as for _run's failures
         raise
     finally:
         # The stop is done. CPython sets its handlers back to the default as the interpreter
@@ -240,8 +240,8 @@ async def _run(daemon: Daemon, listener: Listener, early_stop: threading.Event,
     loop = asyncio.get_running_loop()
     notify = Notifier.from_environment(loop)
     failure: list[str] = []  # why the start failed: systemctl status shows it with the state
-    notify(f"STATUS={daemon.state.value}")
-    daemon.on_state.append(lambda state: notify("STATUS=" + ": ".join([state.value, *failure]).replace("\n", " ")))
+    notify(status(daemon.state.value))
+    daemon.on_state.append(lambda state: notify(status(": ".join([state.value, *failure]))))
     stop, stop_now = asyncio.Event(), asyncio.Event()
 
     def stop_signal() -> None:  # the first asks for a drain, a second to cut it short

@@ -150,13 +150,17 @@ def audio_rate_nodes(back: onnx.GraphProto) -> set[str]:
     """Names of the decoder's nodes whose output is at the audio rate (after its last upsampling):
     resblocks 6-8 and conv_post in a medium voice, 9-11 and conv_post in a high one."""
     rates = _rates(back)
-    top = samples_per_frame(back)
+    top = _highest(rates)
     return {node.name for node in back.node if any(rates.get(out) == top for out in node.output)}
 
 
 def samples_per_frame(back: onnx.GraphProto) -> int:
-    """Audio samples the decoder makes of one latent frame, the voice's hop length: its highest rate."""
-    return max(rate for rate in _rates(back).values() if rate is not None)
+    """Audio samples the decoder makes of one latent frame, the voice's hop length."""
+    return _highest(_rates(back))
+
+
+def _highest(rates: dict[str, int | None]) -> int:
+    return max(rate for rate in rates.values() if rate is not None)
 
 
 def phoneme_table_size(model: onnx.ModelProto) -> int | None:

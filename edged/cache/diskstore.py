@@ -147,9 +147,10 @@ class DiskStore:
         cache, db = self._cache, self._db
         order = diskcache.core.EVICTION_POLICY[self.policy]["cull"]
         try:
-            if cache.volume() > self.settings.disk_bytes:
+            over = cache.volume() > self.settings.disk_bytes
+            if over:
                 self.stats.evictions += cache.expire()
-            while order is not None and cache.volume() > self.settings.disk_bytes:
+            while over and order is not None and cache.volume() > self.settings.disk_bytes:
                 # By row, not by key: diskcache's delete decodes the key, and a row whose key is
                 # not text (damage, tampering) then stopped eviction for good.
                 with self._db_lock:

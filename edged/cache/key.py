@@ -7,8 +7,8 @@ think: a run of spaces after "A" makes it the letter rather than the article, a 
 a sentence's final stop, a lone CR after "U.S." adds a sentence break, a tab after a final "-"
 changes the stress before it, and leading blanks move where a long text is cut into blocks. So
 only spaces at the end of the text are dropped (tests/test_cache_key.py checks the cases above
-against the real phonemizer). Unicode normalization is left out too: espeak reads "e" + combining acute differently from precomposed
-"é". Letter case and punctuation are left alone ("US" vs "us").
+against the real phonemizer). Unicode normalization is left out too: espeak reads "e" +
+combining acute differently from precomposed "é". Letter case and punctuation are left alone ("US" vs "us").
 """
 
 from __future__ import annotations
