@@ -140,29 +140,50 @@ class DiskStore:
             self.needs_repair = True
 
     def _shrink_to_limit(self, keep: str | None = None) -> None:
-        """Evict by the policy, one entry at a time, down to `disk_bytes`; never `keep`, the entry
-        just stored. (diskcache's own culling is off: at each write over the cap it dropped the
-        ten entries first in line, which with a few long phrases were all of them, the new one too.)"""
+        """Evict by the policy down to `disk_bytes`, never `keep`, the entry just stored. (diskcache's
+        own culling is off: at each write over the cap it dropped the ten entries first in line,
+        which with a few long phrases were all of them, the new one too.)
+
+        Entries go in batches, each worth at most a quarter of the excess by the bytes their rows
+        hold: an entry's share of the database's pages can be up to about twice that, so a batch never
+        takes more than the excess, and thousands of small entries go in a few dozen transactions
+        instead of one each."""
         assert self._cache is not None and self._db is not None
         cache, db = self._cache, self._db
         order = diskcache.core.EVICTION_POLICY[self.policy]["cull"]
         try:
-            over = cache.volume() > self.settings.disk_bytes
-            if over:
+            if cache.volume() > self.settings.disk_bytes:
                 self.stats.evictions += cache.expire()
-            while over and order is not None and cache.volume() > self.settings.disk_bytes:
-                # By row, not by key: diskcache's delete decodes the key, and a row whose key is
-                # not text (damage, tampering) then stopped eviction for good.
+            while order is not None and (excess := cache.volume() - self.settings.disk_bytes) > 0:
                 with self._db_lock:
-                    first = db.execute(order.format(fields="rowid, key, filename", now=time.time()), (2,)).fetchall()
-                    victim = next(((rowid, name) for rowid, key, name in first if key != keep), None)
-                    if victim is None:
+                    victims = self._first_in_line(db, order, keep, excess // 4)
+                    if not victims:
                         break
-                    self.stats.evictions += db.execute("DELETE FROM Cache WHERE rowid = ?", victim[:1]).rowcount
-                self._remove_value_file(victim[1])
+                    # By row, not by key: diskcache's delete decodes the key, and a row whose key
+                    # is not text (damage, tampering) then stopped eviction for good.
+                    self.stats.evictions += _delete_rows(db, [rowid for rowid, _ in victims])
+                for _, name in victims:
+                    self._remove_value_file(name)
         except (OSError, sqlite3.Error, diskcache.Timeout) as error:
             self._log_once("cull", "cache could not evict down to its size limit: %s", error)
         self._refresh_volume(cache)
+
+    @staticmethod
+    def _first_in_line(db: sqlite3.Connection, order: str, keep: str | None,
+                       budget: int) -> list[tuple[int, object]]:
+        """(rowid, value file) of the entries first in the policy's line, other than `keep`: at
+        least one, then as many as `budget` bytes of their stored values cover."""
+        fields = "rowid, key, filename, size + ifnull(length(value), 0)"
+        rows = db.execute(order.format(fields=fields, now=time.time()), (EVICTION_BATCH + 1,)).fetchall()
+        victims, taken = [], 0
+        for rowid, key, name, stored in rows:
+            if key == keep:
+                continue
+            if victims and taken + stored > budget:
+                break
+            victims.append((rowid, name))
+            taken += stored
+        return victims
 
     def retry_open(self) -> None:
         """Open again a tier left off (full disk: SQLite cannot even create its WAL), at most
@@ -529,6 +550,23 @@ class DiskStore:
         if what not in self._logged:
             self._logged.add(what)
             log.warning(message, *args)
+
+
+EVICTION_BATCH = 512
+"""At most this many entries evicted in one transaction."""
+
+
+def _delete_rows(db: sqlite3.Connection, rowids: list[int]) -> int:
+    """Delete these rows of diskcache's table in one transaction (the connection autocommits)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        deleted = sum(db.execute("DELETE FROM Cache WHERE rowid = ?", (rowid,)).rowcount for rowid in rowids)
+    except BaseException:
+        if db.in_transaction:  # SQLite has already rolled back after some errors (a full disk)
+            db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+    return deleted
 
 
 def voice_tag(voice: str, version: str) -> str:
