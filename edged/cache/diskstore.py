@@ -28,21 +28,20 @@ import logging
 import os
 import shutil
 import sqlite3
-import tempfile
 import threading
 import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 import diskcache  # type: ignore[import-untyped]  # no type hints in 5.6.3
 
 from ..files import identity
 from . import faults, record
+from .eviction import evict_to_cap
 from .generations import ALL, Generations
-from .layout import DBNAME, Layout, is_value_dir, own_private_dir
+from .layout import DBNAME, Layout
 from .rawdisk import RawDisk, UnreadableRow
 from .settings import CacheSettings
 
@@ -140,50 +139,19 @@ class DiskStore:
             self.needs_repair = True
 
     def _shrink_to_limit(self, keep: str | None = None) -> None:
-        """Evict by the policy down to `disk_bytes`, never `keep`, the entry just stored. (diskcache's
-        own culling is off: at each write over the cap it dropped the ten entries first in line,
-        which with a few long phrases were all of them, the new one too.)
-
-        Entries go in batches, each worth at most a quarter of the excess by the bytes their rows
-        hold: an entry's share of the database's pages can be up to about twice that, so a batch never
-        takes more than the excess, and thousands of small entries go in a few dozen transactions
-        instead of one each."""
+        """Expired entries out, then evict by the policy down to `disk_bytes`; never `keep`, the
+        entry just stored."""
         assert self._cache is not None and self._db is not None
-        cache, db = self._cache, self._db
-        order = diskcache.core.EVICTION_POLICY[self.policy]["cull"]
+        cache = self._cache
         try:
             if cache.volume() > self.settings.disk_bytes:
                 self.stats.evictions += cache.expire()
-            while order is not None and (excess := cache.volume() - self.settings.disk_bytes) > 0:
-                with self._db_lock:
-                    victims = self._first_in_line(db, order, keep, excess // 4)
-                    if not victims:
-                        break
-                    # By row, not by key: diskcache's delete decodes the key, and a row whose key
-                    # is not text (damage, tampering) then stopped eviction for good.
-                    self.stats.evictions += _delete_rows(db, [rowid for rowid, _ in victims])
-                for _, name in victims:
-                    self._remove_value_file(name)
+            for evicted in evict_to_cap(self._db, self._db_lock, self.layout, cache.volume,
+                                        self.settings.disk_bytes, self.policy, keep):
+                self.stats.evictions += evicted
         except (OSError, sqlite3.Error, diskcache.Timeout) as error:
             self._log_once("cull", "cache could not evict down to its size limit: %s", error)
         self._refresh_volume(cache)
-
-    @staticmethod
-    def _first_in_line(db: sqlite3.Connection, order: str, keep: str | None,
-                       budget: int) -> list[tuple[int, object]]:
-        """(rowid, value file) of the entries first in the policy's line, other than `keep`: at
-        least one, then as many as `budget` bytes of their stored values cover."""
-        fields = "rowid, key, filename, size + ifnull(length(value), 0)"
-        rows = db.execute(order.format(fields=fields, now=time.time()), (EVICTION_BATCH + 1,)).fetchall()
-        victims, taken = [], 0
-        for rowid, key, name, stored in rows:
-            if key == keep:
-                continue
-            if victims and taken + stored > budget:
-                break
-            victims.append((rowid, name))
-            taken += stored
-        return victims
 
     def retry_open(self) -> None:
         """Open again a tier left off (full disk: SQLite cannot even create its WAL), at most
@@ -247,23 +215,11 @@ class DiskStore:
     def _set_aside(self, error: BaseException) -> None:
         """Move a corrupted database and its value files out of the way; keep the newest db."""
         self._close_connections()
-        corrupt = self.layout.corrupt
-        own_private_dir(corrupt)  # another user's would get to read the cached audio moved there
-        for old in corrupt.glob(DBNAME + ".*"):
-            old.unlink(missing_ok=True)
-        stamp = time.strftime("%Y%m%dT%H%M%S")
-        for suffix in ("-wal", "-shm", ""):  # the WAL first: a fresh db must never meet an old WAL
-            path = self.directory / (DBNAME + suffix)
-            if path.exists():
-                path.rename(corrupt / f"{DBNAME}.{stamp}{suffix}")
-        trash = Path(tempfile.mkdtemp(prefix="trash-", dir=corrupt))
-        for sub in self.directory.iterdir():
-            if sub.is_dir() and is_value_dir(sub.name):
-                sub.rename(trash / sub.name)
+        self.layout.set_aside_database()
         self.stats.recoveries += 1
         self.needs_repair = True
         log.warning("cache database %s was corrupted (%s): moved to %s, rebuilt empty",
-                    self.directory / DBNAME, error, corrupt)
+                    self.directory / DBNAME, error, self.layout.corrupt)
 
     def _recover(self, error: sqlite3.DatabaseError) -> None:
         with self._reconnect_lock:
@@ -468,16 +424,9 @@ class DiskStore:
                     names = self._db.execute(f"SELECT filename FROM Cache WHERE filename IS NOT NULL AND ({rows})",
                                              params).fetchall()
                 for (name,) in names:
-                    self._remove_value_file(name)
+                    self.layout.remove_value_file(name)
                 return drop(cache)
         return dropping
-
-    def _remove_value_file(self, name: object) -> None:
-        """The value file a row named (None: its value is inside the row), if the name is
-        diskcache's "ab/cd/<hex>.val" and nothing else."""
-        parts = Path(str(name)).parts
-        if name is not None and len(parts) == 3 and is_value_dir(parts[0]) and is_value_dir(parts[1]):
-            (self.directory / str(name)).unlink(missing_ok=True)
 
     def save_generation(self, scope: str, value: int) -> bool:
         """Persist one invalidation counter; False if it could not be written."""
@@ -550,23 +499,6 @@ class DiskStore:
         if what not in self._logged:
             self._logged.add(what)
             log.warning(message, *args)
-
-
-EVICTION_BATCH = 512
-"""At most this many entries evicted in one transaction."""
-
-
-def _delete_rows(db: sqlite3.Connection, rowids: list[int]) -> int:
-    """Delete these rows of diskcache's table in one transaction (the connection autocommits)."""
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        deleted = sum(db.execute("DELETE FROM Cache WHERE rowid = ?", (rowid,)).rowcount for rowid in rowids)
-    except BaseException:
-        if db.in_transaction:  # SQLite has already rolled back after some errors (a full disk)
-            db.execute("ROLLBACK")
-        raise
-    db.execute("COMMIT")
-    return deleted
 
 
 def voice_tag(voice: str, version: str) -> str:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import fcntl
 import os
 import stat
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +55,29 @@ class Layout:
         fd = os.open(self.marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as marker:
             marker.write(str(os.getpid()))
+
+    def set_aside_database(self) -> None:
+        """Move the database (a corrupted one) into `corrupt/`, where only the newest is kept, and
+        its value directories into a `corrupt/trash-*` that a repair deletes."""
+        own_private_dir(self.corrupt)  # another user's would get to read the cached audio moved there
+        for old in self.corrupt.glob(DBNAME + ".*"):
+            old.unlink(missing_ok=True)
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        for suffix in ("-wal", "-shm", ""):  # the WAL first: a fresh db must never meet an old WAL
+            path = self.store / (DBNAME + suffix)
+            if path.exists():
+                path.rename(self.corrupt / f"{DBNAME}.{stamp}{suffix}")
+        trash = Path(tempfile.mkdtemp(prefix="trash-", dir=self.corrupt))
+        for sub in self.store.iterdir():
+            if sub.is_dir() and is_value_dir(sub.name):
+                sub.rename(trash / sub.name)
+
+    def remove_value_file(self, name: object) -> None:
+        """The value file a row named (None: its value is inside the row), if the name is
+        diskcache's "ab/cd/<hex>.val" and nothing else."""
+        parts = Path(str(name)).parts
+        if name is not None and len(parts) == 3 and is_value_dir(parts[0]) and is_value_dir(parts[1]):
+            (self.store / str(name)).unlink(missing_ok=True)
 
     def claim(self) -> int:
         """Take the directory for this process: returns the descriptor that holds its lock (closing
