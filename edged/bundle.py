@@ -220,10 +220,13 @@ def verify_files(bundle_dir: Path, manifest: Manifest, names: list[str] | None =
         path = bundle_dir / name
         if not path.is_file():
             raise BundleError(f"{bundle_dir}: missing file {name}")
-        if path.stat().st_size != expected["size"]:
-            raise BundleError(f"{bundle_dir}: {name} has the wrong size (damaged or tampered)")
-        if file_digest(path)["sha256"] != expected["sha256"]:
-            raise BundleError(f"{bundle_dir}: {name} fails its sha256 check (damaged or tampered)")
+        try:
+            if path.stat().st_size != expected["size"]:
+                raise BundleError(f"{bundle_dir}: {name} has the wrong size (damaged or tampered)")
+            if file_digest(path)["sha256"] != expected["sha256"]:
+                raise BundleError(f"{bundle_dir}: {name} fails its sha256 check (damaged or tampered)")
+        except OSError as exc:  # unreadable: copied in by another user, say, or a failing disk
+            raise BundleError(f"{bundle_dir}: cannot read {name}: {exc.strerror or exc}") from None
 
 
 def _require(condition: object, message: str) -> None:

@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -392,3 +393,62 @@ def test_the_builder_answers_bad_input_in_one_line(tmp_path: Path, name: str) ->
                            str(tmp_path / "out")], cwd=REPO, capture_output=True, timeout=120, check=False)
     assert done.returncode == 2 and b"Traceback" not in done.stderr, done.stderr
     assert not (tmp_path / "out" / name).exists() and not list((tmp_path / "out").glob(".*"))
+
+
+def _fp32_under_int8_names(bundle_dir: Path, target: Path, version: str) -> Path:
+    """Another bundle of the same voice, its audio other: the fp32 graphs under the int8 names."""
+    copy = _copy_bundle(bundle_dir, target)
+    manifest = json.loads((copy / "manifest.json").read_text(encoding="utf-8"))
+    for name in ("front", "back"):
+        for suffix in (".onnx", ".onnx.data"):
+            int8, fp32 = f"{name}.int8{suffix}", f"{name}.fp32{suffix}"
+            (copy / int8).unlink()
+            (copy / int8).symlink_to(bundle_dir / fp32)
+            manifest["files"][int8] = manifest["files"][fp32]
+    manifest["version"] = version
+    _with_manifest(copy, lambda m: m.update(manifest))
+    return copy
+
+
+def test_a_bundle_installed_while_a_voice_loads_is_loaded_whole(
+        bundle_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The builder installs a bundle by exchanging directories. A load that had read the old
+    # manifest and opened the new graphs mixed the two bundles, or failed their checks.
+    import edged.engine
+    from tools.build_voice import _exchange
+
+    installed = _copy_bundle(bundle_dir, tmp_path / "voice")
+    incoming = _fp32_under_int8_names(bundle_dir, tmp_path / ".voice+new", "9.0.0")
+    open_session, opened, one_at_a_time = edged.engine.open_session, [], threading.Lock()
+
+    def install_then_open(path: Path, settings):  # type: ignore[no-untyped-def]
+        with one_at_a_time:  # the graphs are opened in two threads
+            if not opened:  # the install lands as the first graph is opened
+                assert _exchange(installed, incoming)
+            opened.append(path)
+        return open_session(path, settings)
+
+    monkeypatch.setattr(edged.engine, "open_session", install_then_open)
+    quiet = SynthesisParams(noise_scale=0, noise_w=0)
+    loaded = Voice.load(installed, EngineSettings(precision="int8"))
+    monkeypatch.setattr(edged.engine, "open_session", open_session)
+    alone = Voice.load(installed, EngineSettings(precision="int8"))
+    assert loaded.manifest.version == alone.manifest.version == "9.0.0"
+    assert b"".join(loaded.synthesize("Hello there.", quiet)) == b"".join(alone.synthesize("Hello there.", quiet))
+
+
+def test_an_unreadable_bundle_file_is_a_bundle_error(bundle_dir: Path, tmp_path: Path) -> None:
+    # An OSError from reading it was a traceback: a 500 "internal" from the daemon.
+    copy = _copy_bundle(bundle_dir, tmp_path / "bundle")
+    _replace_with_copy(copy / "back.int8.onnx.data")
+    (copy / "back.int8.onnx.data").chmod(0)
+    script = ("import sys; from pathlib import Path; from edged.engine import EngineSettings, Voice\n"
+              "from edged.errors import BundleError\n"
+              "try: Voice.load(Path(sys.argv[1]), EngineSettings(precision='int8'))\n"
+              "except BundleError as e: print(e); sys.exit(3)\n")
+    # Without the capability to read any file, as the daemon's own user has not.
+    done = subprocess.run(["setpriv", "--inh-caps=-dac_override,-dac_read_search",
+                           "--bounding-set=-dac_override,-dac_read_search", sys.executable, "-c", script, str(copy)],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 3, done.stderr
+    assert "cannot read back.int8.onnx.data: Permission denied" in done.stdout
