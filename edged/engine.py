@@ -27,6 +27,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import (
 
 from .bundle import MAX_NOISE, Manifest, Precision, read_manifest, verify_files
 from .errors import BadInput, BundleError
+from .files import identity
 from .messages import SPEED_RANGE
 from .phonemes import PieceLimits, pieces_ids, start_espeak
 from .sessions import SessionSettings, open_session
@@ -90,6 +91,17 @@ class Latents:
         return int(self.frames.shape[2])
 
 
+LOAD_ATTEMPTS = 3
+"""Loads of a bundle that was replaced while it loaded, before giving up."""
+
+
+def _identity_or_none(bundle_dir: Path) -> tuple[int, int] | None:
+    try:
+        return identity(bundle_dir)
+    except OSError:
+        return None
+
+
 class Voice:
     def __init__(self, bundle_dir: Path, manifest: Manifest, settings: EngineSettings) -> None:
         self.bundle_dir = bundle_dir
@@ -125,7 +137,23 @@ class Voice:
 
     @classmethod
     def load(cls, bundle_dir: Path, settings: EngineSettings | None = None) -> Voice:
-        return cls(bundle_dir, read_manifest(bundle_dir), settings or EngineSettings())
+        """The voice of the bundle in `bundle_dir`, wholly from one bundle: its files are opened by
+        name at several moments, and a bundle installed in its place meanwhile (the builder
+        exchanges whole directories) would mix the two bundles' files, or fail their checks. A
+        load during which the directory was replaced is done again, from the new one."""
+        settings = settings or EngineSettings()
+        for _ in range(LOAD_ATTEMPTS):
+            before = _identity_or_none(bundle_dir)
+            try:
+                voice = cls(bundle_dir, read_manifest(bundle_dir), settings)
+            except BundleError:
+                if _identity_or_none(bundle_dir) == before:
+                    raise
+                continue
+            if _identity_or_none(bundle_dir) == before:
+                return voice
+            log.info("bundle %s was replaced while it loaded: loading it again", bundle_dir)
+        raise BundleError(f"{bundle_dir}: replaced {LOAD_ATTEMPTS} times while it loaded")
 
     @property
     def voice_id(self) -> str:
