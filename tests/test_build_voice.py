@@ -139,3 +139,42 @@ def test_the_report_holds_the_fixed_shape_graphs_to_the_backs_rule(bundle_dir: P
     assert 0 < quality["back_fixed_lsd_db"] <= quality["pcm8_lsd_db"]
     assert report["quality_holds"] == (max(quality["back_lsd_db"], quality["back_fixed_lsd_db"]) <= quality["pcm8_lsd_db"]
                                        and quality["front_lsd_db"] <= quality["fp32_renditions_lsd_db"])
+
+
+INTERRUPTED_WHILE_REMOVING_THE_OLD_BUNDLE = """
+import sys
+from pathlib import Path
+import tools.build_voice as builder
+
+built, out = Path(sys.argv[1]), Path(sys.argv[2])
+
+def build(model_path, config_path, out_root, version):  # the build done, up to its install
+    staging = out_root / ".en_US-joe-medium+new"
+    staging.mkdir()
+    for file in built.iterdir():
+        (staging / file.name).symlink_to(file)
+    builder._install(staging, out_root / "en_US-joe-medium")
+
+def interrupted(path):
+    raise KeyboardInterrupt  # a SIGTERM as the old bundle's files are being removed
+
+builder.build, builder._remove = build, interrupted
+sys.exit(builder.main(["--out", str(out)]))
+"""
+
+
+def test_an_interrupt_after_the_install_is_not_reported_as_nothing_installed(bundle_dir: Path, tmp_path: Path) -> None:
+    # It said "interrupted; nothing installed" and exited 130, with the new bundle in place.
+    out = tmp_path / "out"
+    old = out / bundle_dir.name
+    old.mkdir(parents=True)
+    for file in bundle_dir.iterdir():
+        (old / file.name).symlink_to(file)
+    manifest = json.loads((bundle_dir / "manifest.json").read_text(encoding="utf-8"))
+    (old / "manifest.json").unlink()
+    (old / "manifest.json").write_text(json.dumps({**manifest, "version": "0.9"}), encoding="utf-8")
+    done = subprocess.run([sys.executable, "-c", INTERRUPTED_WHILE_REMOVING_THE_OLD_BUNDLE, str(bundle_dir), str(out)],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "interrupted, but" in done.stderr and done.stdout.strip() == str(old)
+    assert is_current(old, build_key(*default_source(), "1.0.0"))

@@ -313,16 +313,27 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"build_voice: cannot use --out {args.out}: {exc.strerror}", file=sys.stderr)
         return 2
+    bundle, key = args.out / voice_id, None
     try:
-        if args.if_stale and is_current(args.out / voice_id, build_key(model_path, config_path, args.version)):
-            print(args.out / voice_id)
+        key = build_key(model_path, config_path, args.version)
+        if args.if_stale and is_current(bundle, key):
+            print(bundle)
             return 0
-        bundle = build(model_path, config_path, args.out, args.version)
+        build(model_path, config_path, args.out, args.version)
     except (OSError, KeyError, ValueError, TypeError, graphs.CutError, BundleError, BuildError,
             google.protobuf.message.DecodeError, *ORT_ERRORS) as exc:  # bad input: one line, not a traceback
         print(f"build_voice: cannot build from {model_path}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second one ends it at once
+            signal.signal(sig, signal.SIG_DFL)
+        # Past the install (removing the old bundle's files), the build is done: said so, and
+        # success, or a script would take the update as failed.
+        if key is not None and is_current(bundle, key):
+            print(f"build_voice: interrupted, but {bundle} is built from these inputs and installed",
+                  file=sys.stderr)
+            print(bundle)
+            return 0
         print("build_voice: interrupted; nothing installed", file=sys.stderr)
         return 130
     print(bundle)
