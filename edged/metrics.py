@@ -183,7 +183,7 @@ def _cache_metrics(c: dict[str, Any]) -> Iterator[Any]:
     yield failures
     warm = c["warm"]
     for name, value, doc in (
-        ("edged_cache_disk_writes_skipped", c["disk_store_skipped"], "Disk writes skipped (queue full, disk paused)."),
+        ("edged_cache_disk_writes_skipped", c["disk_store_skipped"], "Disk writes skipped (queue full, disk paused, entry larger than the tier)."),
         ("edged_cache_corrupt_dropped", c["disk_corrupt_dropped"], "Disk entries dropped as corrupt."),
         ("edged_cache_disk_recoveries", c["disk_recoveries"], "Corrupted cache databases moved aside and rebuilt."),
         ("edged_cache_joined", c["joined"], "Requests that joined an identical synthesis under way."),

@@ -317,13 +317,17 @@ def test_an_invalidation_after_the_directory_was_replaced_is_kept_in_the_new_one
     assert dict(stored.items())[ALL] == 1
 
 
-def _put(store: DiskStore, name: str, size: int = 40_000) -> CachedAudio:
+def _entry(name: str, size: int = 40_000) -> CachedAudio:
     audio = os.urandom(size)
     key = CacheKey.make(name, "v", "1").digest
     meta = EntryMeta(key=key, voice="v", version="1", format="pcm", sample_rate=22050, tag=None,
                      created=0.0, expires=None, generations=(0,) * SCOPES,
                      sha256=audio_checksum(audio), size=len(audio))
-    entry = CachedAudio(meta, audio)
+    return CachedAudio(meta, audio)
+
+
+def _put(store: DiskStore, name: str, size: int = 40_000) -> CachedAudio:
+    entry = _entry(name, size)
     assert store.put(entry, None)
     return entry
 
@@ -398,25 +402,42 @@ def test_a_tier_that_holds_a_few_long_phrases_keeps_the_one_just_stored(tmp_path
     store.close()
 
 
-def test_a_row_whose_key_is_not_text_does_not_stop_eviction(tmp_path: Path) -> None:
-    # Evicting by key passed that key to the raw-bytes disk, which refuses what is not text: the
-    # tier then grew past its cap for good, and a daemon opening it ran without a cache.
+def _eviction_after(tmp_path: Path, *damage: tuple[str, tuple[object, ...]]) -> None:
+    """30 entries stored, the database damaged by `damage` (SQL with its parameters), then opened
+    with a cap that holds a few: the oldest go first, and the tier stays within its cap after."""
     directory = tmp_path / "cache"
     store = DiskStore.open(CacheSettings(directory=directory), Generations())
     entries = [_put(store, f"e{i}") for i in range(30)]
     store.close()
     db = sqlite3.connect(database(directory))
-    db.execute("INSERT INTO Cache (key, raw, store_time, access_time, tag, size, mode, filename, value)"
-               " VALUES (?, 0, 0, 0, NULL, 0, 1, NULL, ?)", (b"\x80\x04K\x01.", b"x"))
+    for statement, parameters in damage:
+        db.execute(statement, parameters)
     db.commit()
     db.close()
     store = DiskStore.open(CacheSettings(directory=directory, disk_bytes=500_000), Generations())
     assert store.state == "ok" and store.volume <= 500_000
     kept = [e for e in entries if store.get(e.meta.key) is not None]
-    assert 0 < len(kept) < len(entries) and kept == entries[-len(kept):]  # the oldest went first
+    assert 0 < len(kept) < len(entries) - 1 and kept == entries[-len(kept):]
     _put(store, "new", size=200_000)
     assert store.volume <= 500_000 and store.state == "ok"
     store.close()
+
+
+def test_a_row_whose_key_is_not_text_does_not_stop_eviction(tmp_path: Path) -> None:
+    # Evicting by key passed that key to the raw-bytes disk, which refuses what is not text: the
+    # tier then grew past its cap for good, and a daemon opening it ran without a cache.
+    insert = ("INSERT INTO Cache (key, raw, store_time, access_time, tag, size, mode, filename, value)"
+              " VALUES (?, 0, 0, 0, NULL, 0, 1, NULL, ?)")
+    _eviction_after(tmp_path, (insert, (b"\x80\x04K\x01.", b"x")))
+
+
+def test_a_row_with_no_size_does_not_stop_eviction(tmp_path: Path) -> None:
+    # diskcache's delete trigger subtracts the row's size from its byte count: once a row with no
+    # size was deleted the count stayed NULL, and every eviction failed on it from then on.
+    _eviction_after(tmp_path,
+                    ("UPDATE Cache SET size = NULL WHERE rowid IN (SELECT rowid FROM Cache ORDER BY rowid LIMIT 2)",
+                     ()),
+                    ("DELETE FROM Cache WHERE rowid = (SELECT min(rowid) FROM Cache)", ()))
 
 
 def killed(store: DiskStore) -> None:
@@ -847,4 +868,51 @@ def test_many_small_entries_are_evicted_in_a_few_transactions_and_no_more_than_n
     assert kept == sorted(kept)  # the first in line went, and only they
     assert store.get(big.meta.key) is not None
     assert 0 <= store.settings.disk_bytes - store.volume < 2 * footprint
+    store.close()
+
+
+def test_a_value_file_that_cannot_be_deleted_does_not_stop_the_rest_of_an_eviction(tmp_path: Path) -> None:
+    # The first file that failed to unlink ended the batch: the rest of its files stayed on disk
+    # with no row to find them by, and nothing looked for them unless a stop was unclean.
+    directory = tmp_path / "cache"
+    store = DiskStore.open(CacheSettings(directory=directory), Generations())
+    entries = [_put(store, f"e{i}") for i in range(30)]
+    store.close()
+    db = sqlite3.connect(database(directory))
+    file_of = {key: Layout(directory).store / name for key, name in db.execute("SELECT key, filename FROM Cache")}
+    db.close()
+    stuck = file_of[entries[0].meta.key].parent  # the oldest entry's: the first evicted
+    if os.geteuid() == 0:  # root deletes even where it may not write: a read-only bind mount
+        subprocess.run(["mount", "--bind", str(stuck), str(stuck)], check=True)
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(stuck)], check=True)
+    else:
+        stuck.chmod(0o500)
+    try:
+        store = DiskStore.open(CacheSettings(directory=directory, disk_bytes=500_000), Generations())
+        assert store.state == "ok" and store.volume <= 500_000
+        evicted = [e for e in entries if store.get(e.meta.key) is None]
+        assert store.stats.evictions == len(evicted) > 1
+        left = {e.meta.key for e in evicted if file_of[e.meta.key].exists()}
+        assert left == {e.meta.key for e in evicted if file_of[e.meta.key].parent == stuck}
+        assert store.needs_repair
+        store.close()
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["umount", str(stuck)], check=True)
+        else:
+            stuck.chmod(0o700)
+    again = DiskStore.open(CacheSettings(directory=directory, disk_bytes=500_000), Generations())
+    assert again.needs_repair  # the close left its marker: the next start finds the orphans
+    again.repair()
+    assert len(value_files(directory)) == again.count and not again.needs_repair
+    again.close()
+
+
+def test_an_entry_larger_than_the_whole_tier_is_not_stored_on_disk(tmp_path: Path) -> None:
+    # Stored, it was the entry eviction must keep: the tier emptied and stayed over its cap.
+    store = DiskStore.open(CacheSettings(directory=tmp_path / "cache", disk_bytes=300_000), Generations())
+    small = [_put(store, f"s{i}") for i in range(3)]
+    assert not store.put(_entry("long", size=400_000), None)
+    assert store.stats.store_skipped == 1 and store.volume <= 300_000
+    assert all(store.get(e.meta.key) == e for e in small)  # nothing evicted for it
     store.close()

@@ -52,6 +52,8 @@ DiskState = Literal["ok", "paused", "off"]
 RAISE_GENERATION = ("INSERT INTO edged_generations VALUES (?, ?) ON CONFLICT(scope)"
                     " DO UPDATE SET gen = max(gen, excluded.gen)")
 """Store a scope's invalidation counter, never lowering it."""
+RECOUNT_SIZE = "UPDATE Settings SET value = (SELECT ifnull(sum(size), 0) FROM Cache) WHERE key = 'size'"
+"""diskcache's count of the bytes in value files and rows, made again from the rows."""
 
 
 @dataclass
@@ -63,7 +65,8 @@ class DiskStats:
     store_failures: dict[str, int] = field(default_factory=dict)
     """Failed writes by reason: disk_full, unwritable, io_error, busy, corrupt."""
     store_skipped: int = 0
-    """Writes not tried while paused after a failure (or queue full, counted by the facade)."""
+    """Writes not tried: paused after a failure, or an entry larger than the whole tier (and,
+    counted by the facade, the write queue full)."""
     recoveries: int = 0
     """Times a corrupted database was moved aside and rebuilt."""
 
@@ -144,14 +147,30 @@ class DiskStore:
         assert self._cache is not None and self._db is not None
         cache = self._cache
         try:
-            if cache.volume() > self.settings.disk_bytes:
+            if self._volume() > self.settings.disk_bytes:
                 self.stats.evictions += cache.expire()
-            for evicted in evict_to_cap(self._db, self._db_lock, self.layout, cache.volume,
-                                        self.settings.disk_bytes, self.policy, keep):
+            for evicted, files_left in evict_to_cap(self._db, self._db_lock, self.layout, self._volume,
+                                                    self.settings.disk_bytes, self.policy, keep):
                 self.stats.evictions += evicted
+                if files_left:
+                    self.needs_repair = True  # the next start repairs: close() leaves the marker
+                    self._log_once("evict-files", "cache could not delete %d evicted value files in %s;"
+                                   " they are removed at the next start", files_left, self.directory)
         except (OSError, sqlite3.Error, diskcache.Timeout) as error:
             self._log_once("cull", "cache could not evict down to its size limit: %s", error)
         self._refresh_volume(cache)
+
+    def _volume(self) -> int:
+        """diskcache's volume(), its byte count recomputed first if a damaged row made it NULL:
+        diskcache's delete trigger subtracts each row's size, and NULL minus NULL stays NULL, so
+        one row with no size stopped eviction (a TypeError) for as long as the database lived."""
+        assert self._cache is not None and self._db is not None
+        try:
+            return self._cache.volume()
+        except TypeError:
+            with self._db_lock:
+                self._db.execute(RECOUNT_SIZE)
+            return self._cache.volume()
 
     def retry_open(self) -> None:
         """Open again a tier left off (full disk: SQLite cannot even create its WAL), at most
@@ -185,14 +204,15 @@ class DiskStore:
             known = self._generations.items()
             db.executemany(RAISE_GENERATION, known)
             self._generations.saved(known)
-            self.volume, self.count = cache.volume(), len(cache)
+            self._cache, self._db = cache, db
+            self.volume, self.count = self._volume(), len(cache)
             self._db_file = identity(self.directory / DBNAME)
         except BaseException:
+            self._cache = self._db = None
             if db is not None:
                 db.close()
             cache.close()
             raise
-        self._cache, self._db = cache, db
 
     def _forget_stored_settings(self) -> None:
         """diskcache applies the sqlite_* rows of its Settings table to every new connection before
@@ -293,7 +313,7 @@ class DiskStore:
         was_open = self._cache is not None
         self._close_connections()
         self.state = "off"
-        if was_open:
+        if was_open and not self.needs_repair:
             try:
                 self.layout.marker.unlink(missing_ok=True)
             except OSError:  # read-only by now: the next open repairs, which is harmless
@@ -365,9 +385,13 @@ class DiskStore:
             self.stats.store_skipped += 1
             return False
         meta = entry.meta
+        encoded = record.encode(record.checksummed(entry))
+        if len(encoded) > self.settings.disk_bytes:  # kept as the one just stored, it held the tier over its cap
+            self.stats.store_skipped += 1
+            return False
         disk: RawDisk = cache.disk
         try:
-            cache.set(meta.key, record.encode(record.checksummed(entry)), expire=expire,
+            cache.set(meta.key, encoded, expire=expire,
                       tag=voice_tag(meta.voice, meta.version))
             disk.saved()
         except (OSError, sqlite3.Error, diskcache.Timeout) as error:
@@ -473,7 +497,7 @@ class DiskStore:
 
     def _refresh_volume(self, cache: diskcache.Cache) -> None:
         try:
-            self.volume, self.count = cache.volume(), len(cache)
+            self.volume, self.count = self._volume(), len(cache)
         except sqlite3.Error:
             pass
 

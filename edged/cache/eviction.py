@@ -21,8 +21,9 @@ BATCH = 512
 
 
 def evict_to_cap(db: sqlite3.Connection, db_lock: threading.Lock, layout: Layout, volume: Callable[[], int],
-                 cap: int, policy: str, keep: str | None) -> Iterator[int]:
-    """Evict until `volume()` is within `cap`, never `keep`; yields each batch's count of entries.
+                 cap: int, policy: str, keep: str | None) -> Iterator[tuple[int, int]]:
+    """Evict until `volume()` is within `cap`, never `keep`; yields for each batch its count of
+    entries and of value files that could not be deleted (orphans now, for a repair).
 
     A batch is worth at most a quarter of the excess by the bytes its rows hold: an entry's share
     of the database's pages can be up to about twice that, so a batch never takes more than the
@@ -36,15 +37,13 @@ def evict_to_cap(db: sqlite3.Connection, db_lock: threading.Lock, layout: Layout
             # By row, not by key: diskcache's delete decodes the key, and a row whose key is not
             # text (damage, tampering) then stopped eviction for good.
             deleted = _delete_rows(db, [rowid for rowid, _ in victims])
-        for _, name in victims:
-            layout.remove_value_file(name)
-        yield deleted
+        yield deleted, _remove_value_files(layout, [name for _, name in victims])
 
 
 def _first_in_line(db: sqlite3.Connection, order: str, keep: str | None, budget: int) -> list[tuple[int, object]]:
     """(rowid, value file) of the entries first in the policy's line, other than `keep`: at least
     one, then as many as `budget` bytes of their stored values cover."""
-    fields = "rowid, key, filename, size + ifnull(length(value), 0)"
+    fields = "rowid, key, filename, ifnull(size, 0) + ifnull(length(value), 0)"  # a damaged row: NULL
     rows = db.execute(order.format(fields=fields, now=time.time()), (BATCH + 1,)).fetchall()
     victims, taken = [], 0
     for rowid, key, name, stored in rows:
@@ -55,6 +54,18 @@ def _first_in_line(db: sqlite3.Connection, order: str, keep: str | None, budget:
         victims.append((rowid, name))
         taken += stored
     return victims
+
+
+def _remove_value_files(layout: Layout, names: list[object]) -> int:
+    """Delete the value files of rows already deleted; how many could not be. One that fails
+    (a directory made unwritable) must not leave the rest of the batch behind too."""
+    failed = 0
+    for name in names:
+        try:
+            layout.remove_value_file(name)
+        except OSError:
+            failed += 1
+    return failed
 
 
 def _delete_rows(db: sqlite3.Connection, rowids: list[int]) -> int:
