@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .errors import BundleError
+from .files import NotARegularFile, read_regular_file
 from .untrusted_json import loads
 
 NAME_MAX = 64
@@ -196,14 +197,12 @@ def file_digest(path: Path) -> dict[str, Any]:
 
 def read_manifest(bundle_dir: Path) -> Manifest:
     path = bundle_dir / MANIFEST_NAME
-    try:
-        with path.open("rb") as file:
-            raw = file.read(MAX_MANIFEST_BYTES + 1)
-        if len(raw) > MAX_MANIFEST_BYTES:
-            raise BundleError(f"{path}: manifest over {MAX_MANIFEST_BYTES} bytes")
-        data = loads(raw.decode("utf-8"))
+    try:  # a FIFO by that name blocked the status call listing it, and the daemon with it, for good
+        data = loads(read_regular_file(path, MAX_MANIFEST_BYTES).decode("utf-8"))
     except FileNotFoundError:
         raise BundleError(f"{bundle_dir}: no {MANIFEST_NAME}, not a voice bundle") from None
+    except NotARegularFile as exc:
+        raise BundleError(f"unusable manifest: {exc}") from None
     except (OSError, ValueError) as exc:  # ValueError: not UTF-8, not JSON, nested too deeply
         raise BundleError(f"{path}: unreadable manifest: {exc}") from None
     if not isinstance(data, dict):

@@ -27,7 +27,7 @@ def voice_dirs() -> list[Path]:
 def find_bundle(voice: str, search: list[Path] | None = None) -> Path:
     """A bundle directory from a voice id (looked up in `search`) or a path to the bundle itself."""
     as_path = Path(voice)
-    if voice and _is_file(as_path / MANIFEST_NAME):
+    if voice and _exists(as_path / MANIFEST_NAME):
         return as_path
     if "/" not in voice and voice not in ("", ".", ".."):
         found = bundles_by_id(voice, search if search is not None else voice_dirs())
@@ -39,12 +39,13 @@ def find_bundle(voice: str, search: list[Path] | None = None) -> Path:
 def bundles_by_id(voice_id: str, search: list[Path]) -> list[Path]:
     """Every bundle named `voice_id` in the `search` directories, in their order: the first is the
     one used (the caller checks the id)."""
-    return [root / voice_id for root in search if _is_file(root / voice_id / MANIFEST_NAME)]
+    return [root / voice_id for root in search if _exists(root / voice_id / MANIFEST_NAME)]
 
 
-def _is_file(path: Path) -> bool:
-    """Path.is_file, also False for a name too long for the file system (ENAMETOOLONG)."""
+def _exists(path: Path) -> bool:
+    """Path.exists, also False for a name too long for the file system (ENAMETOOLONG). Not is_file:
+    a manifest that is a FIFO or a directory is a bundle to refuse with that reason, not "no bundle"."""
     try:
-        return path.is_file()
+        return path.exists()
     except OSError:
         return False

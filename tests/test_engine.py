@@ -358,7 +358,7 @@ def test_a_manifest_nested_past_the_parser_is_a_bundle_error(bundle_dir: Path, t
     with pytest.raises(BundleError, match="nested too deeply"):
         Voice.load(copy)
     (copy / "manifest.json").write_text(" " * (1 << 20) + "{}", encoding="utf-8")
-    with pytest.raises(BundleError, match="manifest over"):
+    with pytest.raises(BundleError, match="manifest.json is over"):
         Voice.load(copy)
 
 

@@ -244,3 +244,20 @@ def test_a_bundle_replaced_moved_or_removed_before_its_first_use_is_read_again(t
     with pytest.raises(UnknownVoice):
         voices_registry.info("xx_XX-updated")
     voices_registry.close()
+
+
+def test_a_manifest_that_is_a_fifo_or_a_directory_is_listed_as_invalid(tmp_path: Path) -> None:
+    # Opening a FIFO waits for a writer: the status call listing it never returned, and the daemon
+    # answered nothing more (the listing runs on its event loop).
+    voices = tmp_path / "voices"
+    for name in ("piped", "nested"):
+        (voices / name).mkdir(parents=True)
+    os.mkfifo(voices / "piped" / "manifest.json")
+    (voices / "nested" / "manifest.json").mkdir()
+    voices_registry = _registry(voices)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        listed = {v["id"]: v for v in pool.submit(voices_registry.describe).result(timeout=10)}
+    for name in ("piped", "nested"):
+        assert listed[name]["state"] == "invalid"
+        assert "manifest.json is not a regular file" in listed[name]["error"]
+    voices_registry.close()
