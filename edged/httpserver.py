@@ -58,7 +58,14 @@ class EdgedProtocol(HttpToolsProtocol):
       plain close waits for it to read what is buffered, and held the connection for ever
       (whatever is left unsent pauses writing: see connection_made);
     - a client that shuts its sending side after whole requests (a half-close) gets their
-      answers, then the connection is closed (see eof_received).
+      answers, then the connection is closed (see eof_received);
+    - bytes that start no request (a blank line after an answer, the rest of a body the app
+      answered without reading) are held to the header deadline too: uvicorn stops its
+      keep-alive clock at any input, and such a connection was held open for good;
+    - a request asking to upgrade the connection (h2c, WebSocket) is answered as plain HTTP/1.1
+      and the connection then closed; with a body it is refused (see on_headers_complete);
+    - any one-digit HTTP version is parsed, so that the app answers 505 to versions not 1.x
+      (httptools refuses most of them as malformed).
     No client blocks another either way: each connection is served independently by the loop."""
 
     def __init__(self, *args: Any, header_timeout_s: float, write_timeout_s: float, max_header_bytes: int,
@@ -84,6 +91,8 @@ class EdgedProtocol(HttpToolsProtocol):
         self._refusal: EdgedError | None = None
         self._refuse_after_answers: EdgedError | None = None
         """A refusal that waits for the answers to the whole requests received before it."""
+        self._read_no_more = False
+        """Set after an upgrade request: what follows it on the connection is not HTTP/1.1."""
         self._answered_first: list[Any] = []
         """The cycles of those requests."""
         self._earlier: list[Any] = []
@@ -103,11 +112,12 @@ class EdgedProtocol(HttpToolsProtocol):
         # Writing pauses (and the clock of pause_writing starts) as soon as anything is left
         # unsent: past the kernel's socket buffer, a client that reads nothing leaves some.
         transport.set_write_buffer_limits(high=0)
+        self.parser.set_dangerous_leniencies(lenient_version=True)
         self._arm_header_timer()
 
     def data_received(self, data: bytes) -> None:
-        if self._refuse_after_answers is not None:  # uvicorn resumes reading (after each answer,
-            self.transport.pause_reading()            # and as the app waits for a hang-up): ignored
+        if self._refuse_after_answers is not None or self._read_no_more:  # uvicorn resumes reading (after
+            self.transport.pause_reading()  # each answer, and as the app waits for a hang-up): ignored
             return
         if self._reading_headers:
             # The headers must end within the bytes left to them; what follows their end in the
@@ -119,6 +129,8 @@ class EdgedProtocol(HttpToolsProtocol):
             self._header_bytes += len(data)
             self._tail = (self._tail + data[-(len(HEADERS_END) - 1):])[-(len(HEADERS_END) - 1):]
         super().data_received(data)
+        if not self._running_cycles() and self.timeout_keep_alive_task is None and not self.transport.is_closing():
+            self._arm_header_timer()  # input that began no request: uvicorn's keep-alive clock is off
 
     def send_400_response(self, msg: str) -> None:
         self._refuse(self._refusal or BadInput(f"malformed HTTP request: {msg}"))
@@ -152,7 +164,22 @@ class EdgedProtocol(HttpToolsProtocol):
         self._header_timer = _cancelled(self._header_timer)
         self._reading_headers = False
         self._earlier = self._running_cycles()
+        if self.parser.should_upgrade():
+            # llhttp ends a request that asks for an upgrade at its headers, and uvicorn drops the
+            # rest of the read: a body would be lost, or parsed as a request of its own.
+            if self._declares_body():
+                self._refusal = BadInput("edged does not upgrade connections: send a request with a body"
+                                         " without 'Connection: upgrade' (curl: without --http2)")
+                raise self._refusal
+            self._read_no_more = True
+            self._poll_for_hangup()
         super().on_headers_complete()
+        if self._read_no_more:
+            self.cycle.keep_alive = False
+
+    def _declares_body(self) -> bool:
+        headers = {name.lower(): value.strip() for name, value in self.headers}
+        return b"transfer-encoding" in headers or headers.get(b"content-length", b"0") != b"0"
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -303,7 +330,7 @@ class EdgedProtocol(HttpToolsProtocol):
             # stops reading meanwhile): their time starts again once it is done.
             self._arm_header_timer()
         elif not self.transport.is_closing():
-            log.info("closing a connection that sent no complete headers in %g s", self.header_timeout_s)
+            log.info("closing a connection that sent no complete request headers in %g s", self.header_timeout_s)
             self.transport.close()
 
 
