@@ -21,6 +21,8 @@ from .untrusted_json import loads
 NAME_MAX = 64
 """Longest voice id, version or cache tag: the names a client gives to clear cached audio."""
 
+FILE_NAME_BYTES = 255
+"""Longest name of a file in a bundle (NAME_MAX of Linux file systems)."""
 MANIFEST_NAME = "manifest.json"
 MAX_MANIFEST_BYTES = 1 << 20
 """A built manifest is ~11 kB; status calls read the manifests of voices not loaded."""
@@ -126,7 +128,7 @@ class Manifest:
             _is_plain_name(name) and isinstance(entry, dict) and _is_int(entry.get("size"))
             and isinstance(entry.get("sha256"), str) and len(entry["sha256"]) == 64
             for name, entry in self.files.items()),
-            "files must map plain file names of the bundle to their sha256 and size")
+            f"files must map plain file names of the bundle (at most {FILE_NAME_BYTES} bytes) to their sha256 and size")
         _require(isinstance(self.graphs, dict) and self.graphs and all(
             precision in ("fp32", "int8") and isinstance(roles, dict) and set(roles) == set(GRAPH_ROLES)
             and all(isinstance(g, str) and g in self.files for g in roles.values())
@@ -217,9 +219,9 @@ def verify_files(bundle_dir: Path, manifest: Manifest, names: list[str] | None =
         if expected is None:
             raise BundleError(f"{bundle_dir}: {name} is not listed in the manifest")
         path = bundle_dir / name
-        if not path.is_file():
-            raise BundleError(f"{bundle_dir}: missing file {name}")
-        try:
+        try:  # is_file too: it raises for a name too long (ENAMETOOLONG) or a directory not searchable
+            if not path.is_file():
+                raise BundleError(f"{bundle_dir}: missing file {name}")
             if path.stat().st_size != expected["size"]:
                 raise BundleError(f"{bundle_dir}: {name} has the wrong size (damaged or tampered)")
             if file_digest(path)["sha256"] != expected["sha256"]:
@@ -238,5 +240,7 @@ def _is_int(value: object) -> bool:
 
 
 def _is_plain_name(name: object) -> bool:
-    """A name of a file in the bundle directory itself: no directory part, not "." or ".."."""
-    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
+    """A name of a file in the bundle directory itself: no directory part, not "." or "..", and
+    not longer than a file name may be (opening one raised ENAMETOOLONG deep in a load)."""
+    return (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
+            and len(name.encode("utf-8", "surrogatepass")) <= FILE_NAME_BYTES)

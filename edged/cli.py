@@ -15,6 +15,7 @@ from .cliio import (
     check_writable,
     interrupted_by_signals,
     open_output,
+    output_path,
     read_text,
 )
 from .errors import BadInput, EdgedError
@@ -66,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     synth = commands.add_parser("synth", help="synthesize in this process, without a daemon")
     synth.add_argument("text", help="text to speak, or - to read it from stdin")
-    synth.add_argument("-o", "--output", type=Path, help="WAV file to write")
+    synth.add_argument("-o", "--output", type=output_path, help="WAV file to write")
     synth.add_argument("--raw", action="store_true", help="16-bit PCM to stdout as it is produced")
     synth.add_argument("--voice", type=lambda text: text or DEFAULT_VOICE, default=DEFAULT_VOICE,
                        help="voice id or bundle directory")  # "": the default, as the daemon takes it

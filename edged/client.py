@@ -33,6 +33,7 @@ from .cliio import (
     check_writable,
     interrupted_by_signals,
     open_output,
+    output_path,
     print_report,
     read_text,
 )
@@ -347,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     synth = commands.add_parser("synth", help="synthesize TEXT to a file or stdout")
     synth.add_argument("text", help="text to speak, or - to read it from stdin")
-    synth.add_argument("-o", "--output", type=Path, help="file to write (default: stdout)")
+    synth.add_argument("-o", "--output", type=output_path, help="file to write (default: stdout)")
     synth.add_argument("--voice", help="voice id (default: the daemon's)")
     synth.add_argument("--speed", type=float, default=1.0, help="speaking rate (2.0 = twice as fast)")
     synth.add_argument("--format", choices=["wav", "pcm"], default="wav", help="pcm: 16-bit mono, no header")

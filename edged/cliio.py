@@ -10,6 +10,7 @@ renaming over it would replace the device itself. Symlinks are followed, never r
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import errno
 import os
@@ -124,6 +125,14 @@ class AudioOutput:
             # Over 4 GiB: players read a streaming header to the end of the file.
             print(f"note: {self.name} is too long for a WAV header's sizes; they are left as "
                   "for a stream", file=sys.stderr)
+
+
+def output_path(text: str) -> Path:
+    """The path `-o` names. Path() drops a trailing "/" (and "/."), and "out.wav/" then replaced
+    the file out.wav: a name that can only be a directory is refused, as the shell's `>` does."""
+    if os.path.basename(text) in ("", "."):
+        raise argparse.ArgumentTypeError(f"{text!r} names a directory, not a file to write")
+    return Path(text)
 
 
 def check_writable(path: Path | None) -> None:

@@ -370,6 +370,8 @@ def check(settings: Settings) -> None:
         raise ConfigError(f"limits.max_header_bytes must be at least {MIN_HEADER_BYTES}")
     if settings.voices.probe_text and not settings.voices.probe_text.strip():
         raise ConfigError("voices.probe_text must have something to say, or be empty (no probe)")
+    if not settings.voices.default:  # passed the check below, then stopped the start as "unknown voice ''"
+        raise ConfigError(f"voices.default must name a voice (built in: {DEFAULT_VOICE})")
     for path, voice in named_voices(settings):  # a path or a typo here would only be found out by each request
         if voice and not VOICE_ID.fullmatch(voice):
             raise ConfigError(f"{path} must be a voice id (letters, digits, '.', '_', '-'), not {voice[:80]!r}")

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from daemon_harness import as_user_without_override
+from daemon_harness import as_user_without_override, edgectl
 
 from edged.cliio import MAX_TEXT_CHARS
 
@@ -188,6 +188,21 @@ def test_synth_names_an_output_it_cannot_write(tmp_path: Path, bundle_dir: Path)
         result = subprocess.run([sys.executable, "-m", "edged", "synth", "Hi.", "--raw", "--voice", str(bundle_dir)],
                                 stdout=full, stderr=subprocess.PIPE, timeout=120, check=False)
     assert result.returncode == 2 and b"cannot write standard output" in result.stderr
+
+
+@pytest.mark.parametrize("program", ["edged", "edgectl"])
+def test_a_name_ending_in_a_slash_does_not_replace_the_file_before_it(tmp_path: Path, bundle_dir: Path,
+                                                                      program: str) -> None:
+    # Path("kept.wav/") is Path("kept.wav"): the audio replaced the file, where `>` says "Is a directory".
+    kept = tmp_path / "kept.wav"
+    kept.write_bytes(b"precious")
+    for target in (f"{kept}/", f"{kept}/.", f"{tmp_path}/new.wav/"):
+        if program == "edged":
+            result = _edged("synth", "Hi.", "--voice", str(bundle_dir), "-o", target)
+        else:  # refused before any daemon is asked
+            result = edgectl("synth", "Hi.", "-o", target, socket_path=tmp_path / "none.sock")
+        assert result.returncode == 2 and b"names a directory" in result.stderr, result.stderr
+    assert kept.read_bytes() == b"precious" and os.listdir(tmp_path) == ["kept.wav"]
 
 
 def test_serve_is_the_default_command_and_takes_its_options(tmp_path: Path) -> None:

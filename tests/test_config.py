@@ -80,6 +80,7 @@ def test_a_retired_setting_is_read_with_a_warning(tmp_path: Path, caplog: pytest
     # Accepted, they made a daemon that answered everything with 431, or exited naming the voice.
     ("[limits]\nmax_header_bytes = 1\n", "limits.max_header_bytes must be at least 1024"),
     ("[voices]\nprobe_text = \"   \"\n", "voices.probe_text must have something to say"),
+    ("[voices]\ndefault = \"\"\n", "voices.default must name a voice"),
 ])
 def test_bad_config_is_refused_with_the_setting_named(tmp_path: Path, text: str, message: str) -> None:
     config = tmp_path / "edged.toml"

@@ -206,11 +206,21 @@ def _with_manifest(copy: Path, edit) -> None:  # type: ignore[no-untyped-def]
     (copy / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
 
 
+def _front_graph_named(manifest: dict, name: str) -> None:  # type: ignore[type-arg]
+    """The default precision's front graph listed under `name` (its weights where they were)."""
+    graph = manifest["graphs"][manifest["default_precision"]]
+    manifest["weights"][name] = manifest["weights"].get(graph["front"], graph["front"] + ".data")
+    manifest["files"][name] = manifest["files"][graph["front"]]
+    graph["front"] = name
+
+
 MANIFEST_DAMAGE = {
     "files not a table": (lambda m: m.update(files=[]), "files must map"),
     "file entry without size": (lambda m: m["files"]["back.int8.onnx"].pop("size"), "files must map"),
     "file outside the bundle": (lambda m: m["files"].update({"../x.onnx": m["files"]["back.int8.onnx"]}),
                                 "plain file names"),
+    # Opening it raised ENAMETOOLONG through the load: a traceback from `edged synth`.
+    "file name too long for a file": (lambda m: _front_graph_named(m, "a" * 300 + ".onnx"), "at most 255 bytes"),
     "graph outside the bundle": (lambda m: m["graphs"]["int8"].update(front="/etc/passwd"), "graphs must name"),
     "graph without back": (lambda m: m["graphs"]["int8"].pop("back"), "graphs must name"),
     "graph without back_fixed": (lambda m: m["graphs"]["fp32"].pop("back_fixed"), "graphs must name"),
