@@ -159,26 +159,25 @@ def espeak_ends_sentence(espeak_voice: str) -> Callable[[str, int], bool]:
 _CLAUSE_END = {",", ";", ":"}
 
 
-def split_pieces(phonemes: list[str], limits: PieceLimits) -> list[list[str]]:
-    """Cut one sentence's phonemes at clause ends (else word ends) into pieces within the limits."""
-    pieces: list[list[str]] = []
-    rest = phonemes
-    limit = limits.first_piece_max
-    while limit and len(rest) > limit:
-        cut = _last_boundary(rest, limit)
-        pieces.append(rest[:cut])
-        rest = rest[cut:]
-        limit = limits.piece_max
-    pieces.append(rest)
-    return pieces
+def split_pieces(phonemes: list[str], limits: PieceLimits) -> Iterator[list[str]]:
+    """Cut one sentence's phonemes at clause ends (else word ends) into pieces within the limits,
+    yielded as they are cut. By index, not by slicing off the rest: that copied what was left at
+    every cut, and a sentence of a million phonemes written out waited seconds for its first audio."""
+    start, limit = 0, limits.first_piece_max
+    while limit and len(phonemes) - start > limit:
+        cut = _last_boundary(phonemes, start, limit)
+        yield phonemes[start:cut]
+        start, limit = cut, limits.piece_max
+    yield phonemes[start:]
 
 
-def _last_boundary(phonemes: list[str], limit: int) -> int:
-    """Index just after the last clause end within `limit`, else the last space, else `limit`."""
+def _last_boundary(phonemes: list[str], start: int, limit: int) -> int:
+    """Index just after the last clause end within `limit` of `start`, else the last space, else
+    `start + limit`."""
     last_space = 0
-    for i in range(min(limit, len(phonemes)) - 1, 0, -1):  # a piece ends with the space at i
+    for i in range(min(start + limit, len(phonemes)) - 1, start, -1):  # a piece ends with the space at i
         if phonemes[i] == " ":
             if phonemes[i - 1] in _CLAUSE_END:
                 return i + 1
             last_space = last_space or i + 1
-    return last_space or limit
+    return last_space or start + limit

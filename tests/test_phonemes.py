@@ -109,7 +109,7 @@ def test_long_sentence_is_cut_at_clause_ends_within_limits() -> None:
     text = ", ".join(["the quick brown fox jumps over the lazy dog"] * 12) + "."
     (phonemes,) = list(sentences(text, "en-us"))
     limits = PieceLimits(first_piece_max=80, piece_max=240)
-    pieces = split_pieces(phonemes, limits)
+    pieces = list(split_pieces(phonemes, limits))
     assert len(pieces) > 2
     assert [p for piece in pieces for p in piece] == phonemes
     assert len(pieces[0]) <= 80 and all(len(p) <= 240 for p in pieces[1:])
@@ -118,7 +118,7 @@ def test_long_sentence_is_cut_at_clause_ends_within_limits() -> None:
 
 def test_sentence_without_clauses_is_cut_at_a_word_end() -> None:
     phonemes = list("ab cd ef gh ij kl mn op")
-    pieces = split_pieces(phonemes, PieceLimits(first_piece_max=7, piece_max=7))
+    pieces = list(split_pieces(phonemes, PieceLimits(first_piece_max=7, piece_max=7)))
     assert [p for piece in pieces for p in piece] == phonemes
     assert all(p[-1] == " " for p in pieces[:-1]) and all(len(p) <= 7 for p in pieces)
 
@@ -129,14 +129,14 @@ def test_sentence_without_clauses_is_cut_at_a_word_end() -> None:
 ])
 def test_pieces_never_pass_the_limit_by_the_space_after_them(text: str, first: int, later: int) -> None:
     phonemes = list(text)
-    pieces = split_pieces(phonemes, PieceLimits(first_piece_max=first, piece_max=later))
+    pieces = list(split_pieces(phonemes, PieceLimits(first_piece_max=first, piece_max=later)))
     assert [p for piece in pieces for p in piece] == phonemes
     assert len(pieces[0]) <= first and all(len(p) <= later for p in pieces[1:])
 
 
 def test_short_sentence_is_never_cut() -> None:
     phonemes = list("hello, world")
-    assert split_pieces(phonemes, PieceLimits()) == [phonemes]
+    assert list(split_pieces(phonemes, PieceLimits())) == [phonemes]
 
 
 @pytest.mark.parametrize("ending", ["Wait..", "It is U.S.e.g.."])
@@ -212,3 +212,19 @@ def test_a_block_of_one_sentence_is_yielded_before_the_next_block_is_read(monkey
     next(stream)
     blocks = [text for text in read if len(text) > 1000]
     assert blocks == [one_sentence]
+
+
+def test_pieces_of_a_long_sentence_are_the_same_wherever_it_is_cut_from() -> None:
+    # Cut by index from the start of the sentence: each piece as if the rest had been cut off.
+    phonemes = list(("ab cd, ef gh ij; " * 40).strip())
+    limits = PieceLimits(first_piece_max=9, piece_max=13)
+    pieces = list(split_pieces(phonemes, limits))
+    rest, expected = phonemes, []
+    for limit in [9] + [13] * len(pieces):
+        if len(rest) <= limit:
+            expected.append(rest)
+            break
+        (first, *_) = split_pieces(rest, PieceLimits(first_piece_max=limit, piece_max=limit))
+        expected.append(first)
+        rest = rest[len(first):]
+    assert pieces == expected and len(pieces) > 10
